@@ -1,5 +1,170 @@
-"""CLI commands of openglm.agent (filled in by its issue)."""
+"""CLI of the agent runtime: `openglm task ...`, `openglm agent-server`, `openglm worker`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+DEFAULT_URL = "http://127.0.0.1:8100"
+
+
+def _config_args(p):
+    p.add_argument("--config", help="agent config JSON (keys of AgentConfig)")
+    p.add_argument("--data-dir", help="snapshots and created workspaces (default runs/agent)")
+    p.add_argument("--store", help="sqlite path or redis://host:port/db (default <data-dir>/agent.db)")
+    p.add_argument("--replay", help="serve tasks with a replay model: JSONL of scripted assistant turns")
+    p.add_argument("--model-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", help="model name at --model-url")
+    p.add_argument("--api-key-env", default="OPENGLM_MODEL_API_KEY", help="env var holding the model API key")
+    p.add_argument("--fallback-url", help="fallback model base URL")
+    p.add_argument("--fallback-model", help="fallback model name")
+    p.add_argument("--lease-ttl", type=float, help="seconds a silent worker keeps its lease")
+
+
+def _load_config(args):
+    from openglm.agent.config import AgentConfig
+
+    model = None
+    if args.replay:
+        model = {"replay": args.replay}
+    elif args.model_url:
+        if not args.model:
+            raise SystemExit("--model-url needs --model")
+        model = {"base_url": args.model_url, "model": args.model, "api_key": os.environ.get(args.api_key_env)}
+        if args.fallback_url:
+            model["fallback"] = {"base_url": args.fallback_url, "model": args.fallback_model or args.model,
+                                 "api_key": os.environ.get(args.api_key_env)}
+    return AgentConfig.load(args.config, data_dir=args.data_dir, store=args.store, model=model,
+                            lease_ttl=args.lease_ttl)
+
+
+def _client(args):
+    from openglm.client import GLMClient
+
+    return GLMClient(args.server, api_key=args.token)
+
+
+def _print(obj):
+    print(json.dumps(obj, indent=2, ensure_ascii=False))
+
+
+def cmd_submit(args):
+    constraints = json.loads(args.constraints) if args.constraints else {}
+    if args.timeout:
+        constraints["timeout"] = args.timeout
+    if args.resource:
+        constraints["resource"] = args.resource
+    if args.deliverable:
+        constraints["deliverables"] = args.deliverable
+    from openglm.client import GLMClientError
+
+    try:
+        task_id = _client(args).submit_long_task(args.objective, constraints or None, workspace=args.workspace,
+                                                 repo=args.repo)
+    except GLMClientError as e:
+        print(f"error: {e.detail}", file=sys.stderr)
+        return 2
+    print(task_id)
+
+
+def cmd_status(args):
+    _print(_client(args).get_task_status(args.task_id))
+
+
+def cmd_events(args):
+    client = _client(args)
+    events = client.stream_events(args.task_id, args.after) if args.follow else client.get_events(
+        args.task_id, args.after, args.limit)
+    for e in events:
+        print(json.dumps(e, ensure_ascii=False), flush=True)
+
+
+def cmd_action(args):
+    client = _client(args)
+    if args.action == "answer":
+        _print(client.answer(args.task_id, args.text))
+    elif args.action == "rollback":
+        _print(client.rollback(args.task_id, args.step))
+    else:
+        _print(getattr(client, args.action)(args.task_id))
+
+
+def cmd_list(args):
+    for t in _client(args).list_tasks():
+        print(f"{t['id']}  {t['state']:<12} step {t['step']:<4} {t['objective'][:60]}")
+
+
+def cmd_agent_server(args):
+    from openglm.agent.server import serve
+
+    serve(_load_config(args), host=args.host, port=args.port, workers=args.workers, token=args.token)
+
+
+def cmd_worker(args):
+    from openglm.agent.server import run_worker
+
+    run_worker(_load_config(args), max_tasks=1 if args.once else None)
 
 
 def register(subparsers):
-    return None
+    task = subparsers.add_parser("task", help="submit and manage long-horizon agent tasks")
+    task.set_defaults(func=lambda a: task.print_help() or 2)
+    sub = task.add_subparsers(dest="task_command", metavar="ACTION")
+
+    def add(name, help, func):
+        p = sub.add_parser(name, help=help)
+        p.add_argument("--server", default=os.environ.get("OPENGLM_AGENT_URL", DEFAULT_URL), help="task API URL")
+        p.add_argument("--token", default=os.environ.get("OPENGLM_AGENT_TOKEN"), help="bearer token")
+        p.set_defaults(func=func, action=name)
+        return p
+
+    p = add("submit", "submit a task; prints its id", cmd_submit)
+    p.add_argument("objective")
+    p.add_argument("--workspace", help="local folder the agent works in (default: a fresh empty one)")
+    p.add_argument("--repo", help="git URL or path to clone as the workspace")
+    p.add_argument("--constraints", help='JSON, e.g. \'{"timeout": "8h", "resource": "16CPU/64GB"}\'')
+    p.add_argument("--timeout", help="e.g. 8h, 90m")
+    p.add_argument("--resource", help="e.g. 16CPU/64GB")
+    p.add_argument("--deliverable", action="append", help="path that must exist at the end (repeatable)")
+    add("list", "list tasks", cmd_list)
+    add("status", "state, phase, progress, recent events", cmd_status).add_argument("task_id")
+    p = add("events", "the task's event log", cmd_events)
+    p.add_argument("task_id")
+    p.add_argument("--after", type=int, default=0)
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--follow", "-f", action="store_true", help="stream new events (SSE) until the task ends")
+    for name in ("pause", "resume", "cancel"):
+        add(name, f"{name} a task", cmd_action).add_argument("task_id")
+    p = add("answer", "answer a task waiting in NEEDS_INPUT", cmd_action)
+    p.add_argument("task_id")
+    p.add_argument("text")
+    p = add("rollback", "restore the workspace to an earlier step's snapshot", cmd_action)
+    p.add_argument("task_id")
+    p.add_argument("step", type=int)
+
+    p = subparsers.add_parser("agent-server", help="serve the task API with embedded workers")
+    _config_args(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--workers", type=int, default=1, help="embedded workers (0: API only)")
+    p.add_argument("--token", default=None, help="bearer token (or OPENGLM_AGENT_TOKEN); required off loopback")
+    p.set_defaults(func=cmd_agent_server)
+
+    p = subparsers.add_parser("worker", help="an extra worker for a shared store (e.g. redis://...)")
+    _config_args(p)
+    p.add_argument("--once", action="store_true", help="run one task, then exit")
+    p.set_defaults(func=cmd_worker)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m openglm.agent ...`: the agent commands alone (starts without importing other areas)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m openglm.agent")
+    register(parser.add_subparsers(dest="command", metavar="COMMAND"))
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)

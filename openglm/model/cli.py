@@ -1,5 +1,46 @@
-"""CLI commands of openglm.model (filled in by its issue)."""
+"""CLI commands of openglm.model: `openglm info`."""
+
+from __future__ import annotations
 
 
 def register(subparsers):
-    return None
+    p = subparsers.add_parser("info", help="parameter counts and weight memory of a model preset or checkpoint")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", default="small", help="preset name: tiny, small, glm-5 (default: small)")
+    src.add_argument("--checkpoint", help="a Hugging Face checkpoint directory (reads its config.json only)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a ModelConfig field (JSON value), e.g. --set num_hidden_layers=4")
+    p.add_argument("--json", action="store_true", help="print JSON (keys total_params, active_params, ...)")
+    p.set_defaults(func=cmd_info)
+
+
+def cmd_info(args) -> int:
+    import json
+
+    from openglm.model.checkpoint import read_config
+    from openglm.model.config import ModelConfig
+    from openglm.model.params import format_report, parameter_report
+
+    overrides = dict(_parse_override(s) for s in args.set)
+    if args.checkpoint:
+        name, cfg = args.checkpoint, read_config(args.checkpoint).replace(**overrides)
+    else:
+        name, cfg = args.preset, ModelConfig.from_preset(args.preset, **overrides)
+    report = parameter_report(cfg)
+    if args.json:
+        print(json.dumps({"model": name, **report}, indent=2))
+    else:
+        print(format_report(name, cfg, report))
+    return 0
+
+
+def _parse_override(text: str):
+    import json
+
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise SystemExit(f"--set expects FIELD=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value

@@ -1,5 +1,189 @@
-"""CLI commands of openglm.swe (filled in by its issue)."""
+"""CLI commands of openglm.swe: localize, verify, bisect, repomap, swe-eval, swe-solve, swe-gen.
+
+Heavy modules are imported inside the handlers so `openglm --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
 
 
-def register(subparsers):
-    return None
+def _emit(data: dict, out: str | None) -> None:
+    text = json.dumps(data, indent=2)
+    if out:
+        tmp = Path(out).with_suffix(Path(out).suffix + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(out)
+    else:
+        print(text)
+
+
+def _read_issue(args) -> str:
+    if args.issue == "-":
+        return sys.stdin.read()
+    if args.issue:
+        return Path(args.issue).read_text()
+    return args.issue_text or ""
+
+
+def cmd_localize(args) -> int:
+    from openglm.swe.localize import LocalizeConfig, localize
+
+    config = LocalizeConfig(scope=args.scope, top=args.top, pythonpath=args.pythonpath)
+    result = localize(args.repo, args.failing or [], issue=_read_issue(args), config=config)
+    _emit(result, args.json)
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from openglm.swe.verify import VerifyConfig, verify
+
+    result = verify(args.repo, files=args.files, tests=args.tests or [],
+                    config=VerifyConfig(runner=args.runner, timeout=args.timeout, pythonpath=args.pythonpath))
+    _emit(result, args.json)
+    return 0 if result["ok"] else 1
+
+
+def cmd_bisect(args) -> int:
+    from openglm.swe.bisect import bisect
+
+    result = bisect(args.repo, args.good, args.cmd, bad=args.bad)
+    _emit(result, args.json)
+    return 0 if result["first_bad_commit"] else 1
+
+
+def cmd_repomap(args) -> int:
+    from openglm.swe.repomap import render, repo_map
+
+    m = repo_map(args.repo)
+    if args.text:
+        print(render(m))
+    else:
+        _emit(m, args.json)
+    return 0
+
+
+def cmd_swe_eval(args) -> int:
+    from openglm.swe.harness import HarnessConfig, run_evaluation
+    from openglm.swe.harness.instances import load_instances, load_predictions
+
+    instances = load_instances(args.instances)
+    if args.instance_ids:
+        instances = [i for i in instances if i["instance_id"] in set(args.instance_ids)]
+    preds = load_predictions(args.predictions, instances)
+    config = HarnessConfig(run_id=args.run_id, out_dir=Path(args.out), repos_dir=Path(args.repos_dir),
+                           workers=args.workers, timeout=args.timeout, install_cmd=args.install_cmd,
+                           keep_workdirs=args.keep)
+    report = run_evaluation(instances, preds, config)
+    summary = {k: v for k, v in report.items() if not k.endswith("_ids")}
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_swe_gen(args) -> int:
+    from openglm.swe.gen.generate import GenConfig, export_queries, generate
+    from openglm.swe.gen.packages import by_name
+    from openglm.swe.harness.instances import load_instances
+
+    config = GenConfig(out_dir=Path(args.out), per_package=args.per_package, seed=args.seed)
+    path = generate(by_name(args.packages), config)
+    instances = load_instances(path)
+    export_queries(instances, Path(args.queries))
+    print(f"{len(instances)} instances -> {path}; queries -> {args.queries}")
+    return 0
+
+
+def cmd_swe_solve(args) -> int:
+    import os
+
+    from openglm.swe.harness.instances import load_instances
+    from openglm.swe.solve import SolveConfig, solve
+
+    instances = load_instances(args.instances)
+    if args.instance_ids:
+        instances = [i for i in instances if i["instance_id"] in set(args.instance_ids)]
+    if args.replay:
+        model = {"replay": args.replay}
+    elif args.model_url and args.model:
+        model = {"base_url": args.model_url, "model": args.model, "api_key": os.environ.get(args.api_key_env)}
+    else:
+        raise SystemExit("swe-solve needs --model-url and --model (an OpenAI-compatible endpoint) or --replay")
+    config = SolveConfig(out_dir=Path(args.out), repos_dir=Path(args.repos_dir), model=model,
+                         model_name=args.model or "replay", timeout=args.timeout, reveal_tests=args.reveal_tests)
+    print(f"predictions -> {solve(instances, config)}")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("localize", help="rank files/functions/lines for a failing test (JSON)")
+    p.add_argument("repo")
+    p.add_argument("--failing", nargs="*", help="failing test node ids (tests/test_x.py::test_y)")
+    p.add_argument("--issue", help="file with the issue statement ('-' = stdin)")
+    p.add_argument("--issue-text", help="the issue statement inline")
+    p.add_argument("--scope", choices=["files", "all"], default="files",
+                   help="tests run for coverage: the failing tests' files or the whole suite")
+    p.add_argument("--top", type=int, default=20)
+    p.add_argument("--pythonpath", nargs="*", help="sys.path entries relative to the repo (default src/ or .)")
+    p.add_argument("--json", help="write the JSON here instead of stdout")
+    p.set_defaults(func=cmd_localize)
+
+    p = subparsers.add_parser("verify", help="compile + Pyflakes + tests with per-test results (JSON)")
+    p.add_argument("repo")
+    p.add_argument("--files", nargs="*", help="files to check (default: changed vs HEAD)")
+    p.add_argument("--tests", nargs="*", help="test targets (default: the runner's discovery)")
+    p.add_argument("--runner", choices=["auto", "pytest", "unittest", "none"], default="auto")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--pythonpath", nargs="*")
+    p.add_argument("--json")
+    p.set_defaults(func=cmd_verify)
+
+    p = subparsers.add_parser("bisect", help="git bisect run automation: the first bad commit")
+    p.add_argument("repo")
+    p.add_argument("--good", required=True, help="a known-good revision")
+    p.add_argument("--bad", default="HEAD")
+    p.add_argument("--cmd", required=True, help="shell command: exit 0 = good, 125 = skip, else bad")
+    p.add_argument("--json")
+    p.set_defaults(func=cmd_bisect)
+
+    p = subparsers.add_parser("repomap", help="repo map: tree, README, dependencies, tests, imports")
+    p.add_argument("repo")
+    p.add_argument("--text", action="store_true", help="the compact text form used in prompts")
+    p.add_argument("--json")
+    p.set_defaults(func=cmd_repomap)
+
+    p = subparsers.add_parser("swe-eval", help="evaluate predictions on SWE-bench-format instances")
+    p.add_argument("--instances", required=True, help="instances JSON/JSONL (SWE-bench fields)")
+    p.add_argument("--predictions", required=True, help="predictions JSON/JSONL, or 'gold' / 'empty'")
+    p.add_argument("--run-id", default="openglm")
+    p.add_argument("--out", default="runs/swe-eval")
+    p.add_argument("--repos-dir", default=".bench/swe-gen/repos",
+                   help="local clones, named owner__name (GitHub repos are cloned here when absent)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--install-cmd", default="", help="run inside each instance venv, e.g. 'pip install -e .'")
+    p.add_argument("--instance-ids", nargs="*")
+    p.add_argument("--keep", action="store_true", help="keep the per-instance work directories")
+    p.set_defaults(func=cmd_swe_eval)
+
+    p = subparsers.add_parser("swe-solve", help="run the four-phase SWE policy on instances -> predictions")
+    p.add_argument("--instances", required=True)
+    p.add_argument("--model-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", help="model name at --model-url")
+    p.add_argument("--api-key-env", default="OPENGLM_MODEL_API_KEY", help="env var holding the API key")
+    p.add_argument("--replay", help="a replay script (JSONL of assistant turns) instead of a model")
+    p.add_argument("--out", default="runs/swe-solve")
+    p.add_argument("--repos-dir", default=".bench/swe-gen/repos")
+    p.add_argument("--timeout", default="60m", help="per instance, e.g. 60m")
+    p.add_argument("--reveal-tests", action="store_true", help="tell the agent the FAIL_TO_PASS test ids")
+    p.add_argument("--instance-ids", nargs="*")
+    p.set_defaults(func=cmd_swe_solve)
+
+    p = subparsers.add_parser("swe-gen", help="generate bug-injection instances from pinned PyPI packages")
+    p.add_argument("--packages", nargs="*", help="subset of the pinned packages (default: all)")
+    p.add_argument("--per-package", type=int, default=25)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=".bench/swe-gen")
+    p.add_argument("--queries", default=".bench/localize/queries.jsonl")
+    p.set_defaults(func=cmd_swe_gen)

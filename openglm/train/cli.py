@@ -1,5 +1,137 @@
-"""CLI commands of openglm.train (filled in by its issue)."""
+"""`openglm train`, `openglm generate`, `openglm demo` (heavy imports stay inside the handlers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+# flag -> TrainConfig field, for the options that map one to one
+_TRAIN_FLAGS = {
+    "preset": str, "data": str, "out": str, "tokenizer": str, "vocab_size": int, "seq_len": int, "batch_size": int,
+    "grad_accum": int, "steps": int, "lr": float, "warmup_steps": int, "min_lr_ratio": float, "weight_decay": float,
+    "grad_clip": float, "dtype": str, "activation_checkpointing": int, "device": str, "seed": int, "log_every": int,
+    "eval_every": int, "eval_windows": int, "save_every": int, "keep_checkpoints": int, "time_budget": float,
+    "collapse_share": float, "collapse_patience": int, "router_bias_rate": float, "threads": int,
+}
+_FIELD = {"out": "out_dir", "steps": "max_steps", "time_budget": "time_budget_s"}
 
 
-def register(subparsers):
-    return None
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train a GLM-style MoE on code (single process or torchrun)",
+                              description="Train a model. Under `torchrun --nproc_per_node=N` it runs data-parallel.")
+    p.add_argument("--recipe", choices=["demo"], help="start from a named recipe (then apply the flags)")
+    for flag, typ in _TRAIN_FLAGS.items():
+        p.add_argument("--" + flag.replace("_", "-"), type=typ, default=None)
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a ModelConfig field (JSON value), e.g. --set num_hidden_layers=4")
+    p.add_argument("--offload-optimizer", action="store_true", help="keep AdamW state in CPU memory")
+    p.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
+                   help="continue exactly from the latest checkpoint in --out (or the given one)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-plots", action="store_true")
+    p.set_defaults(func=_train)
+
+    g = subparsers.add_parser("generate", help="complete a prompt with a trained checkpoint")
+    g.add_argument("checkpoint", help="checkpoint folder, or a run folder (uses its latest checkpoint)")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.8)
+    g.add_argument("--top-k", type=int, default=50)
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--seed", type=int, default=0)
+    g.set_defaults(func=_generate)
+
+    d = subparsers.add_parser("demo", help="the main job: train the small preset on the stdlib and show a sample")
+    d.add_argument("--out", default="runs/demo")
+    d.add_argument("--steps", type=int, default=None, help="optimizer steps (default: calibrated to --train-seconds)")
+    d.add_argument("--train-seconds", type=float, default=None,
+                   help="training time to aim for (default 240; the step count is calibrated to it)")
+    d.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    d.add_argument("--no-progress", action="store_true")
+    d.set_defaults(func=_demo)
+
+
+def _train_config(args):
+    from openglm.train.config import RECIPES, TrainConfig
+
+    values = dict(RECIPES[args.recipe]) if args.recipe else {}
+    for flag in _TRAIN_FLAGS:
+        v = getattr(args, flag)
+        if v is not None:
+            values[_FIELD.get(flag, flag)] = v
+    overrides = dict(values.get("model_overrides", {}))
+    for item in args.set:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
+        try:
+            overrides[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[key] = raw
+    values.update(model_overrides=overrides, offload_optimizer=args.offload_optimizer,
+                  progress=not args.no_progress, plots=not args.no_plots)
+    return TrainConfig(**values)
+
+
+def _train(args) -> int:
+    def run():
+        from openglm.train.trainer import train
+
+        cfg = _train_config(args)
+        result = train(cfg, resume=args.resume)
+        last = result.val_losses.get(result.step)
+        tail = f", validation loss {last:.3f}" if last is not None else ""
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the run
+            print(f"trained to step {result.step}{tail}; checkpoint {result.checkpoint}; metrics, plots: {cfg.out_dir}")
+
+    return _guarded(run)
+
+
+def _generate(args) -> int:
+    def run():
+        from openglm import load_model
+        from openglm.tokenizer import load_tokenizer
+        from openglm.train.checkpoint import resolve_checkpoint
+        from openglm.train.generate import generate
+
+        ckpt = resolve_checkpoint(args.checkpoint)
+        model, tok = load_model(ckpt), load_tokenizer(ckpt)
+        print(args.prompt, end="", flush=True)
+        generate(model, tok, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
+                 stream=lambda s: print(s, end="", flush=True))
+        print()
+
+    return _guarded(run)
+
+
+def _demo(args) -> int:
+    def run():
+        from openglm.train.demo import run_demo
+
+        from openglm.train.demo import TRAIN_SECONDS
+
+        extra = {"threads": args.threads} if args.threads else {}
+        run_demo(args.out, steps=args.steps, train_seconds=args.train_seconds or TRAIN_SECONDS,
+                 progress=not args.no_progress, **extra)
+
+    return _guarded(run)
+
+
+def _guarded(fn) -> int:
+    """Known input problems print one clear line instead of a traceback."""
+    from openglm.tokenizer import TokenizerError
+    from openglm.train.checkpoint import CheckpointError
+    from openglm.train.data import CorpusError
+    from openglm.train.prepare import TrainSetupError
+    from openglm.train.trainer import TrainingDiverged
+
+    known = (TokenizerError, CheckpointError, CorpusError, TrainSetupError, TrainingDiverged, ValueError,
+             FileNotFoundError)
+    try:
+        fn()
+    except known as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+

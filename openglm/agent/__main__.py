@@ -1,0 +1,3 @@
+from openglm.agent.cli import main
+
+raise SystemExit(main())

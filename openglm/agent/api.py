@@ -1,0 +1,165 @@
+"""The task HTTP API (FastAPI). `openglm agent-server` serves it with embedded workers.
+
+Bad input answers 422 with the offending field named; state conflicts 409; unknown tasks 404.
+A bearer token is required on every /v1 route when one is configured, and the server refuses to
+bind a non-loopback address without one.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import secrets
+import time
+
+from fastapi import Body, FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
+
+from openglm.agent import service
+from openglm.agent.config import AgentConfig
+from openglm.agent.store import StateConflict, TaskNotFound, open_store
+from openglm.agent.task import ConstraintError, TaskState
+
+
+class SubmitRequest(BaseModel):
+    objective: str
+    workspace: str | None = None
+    repo: str | None = None
+    constraints: dict | None = None
+    model: dict | None = None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    if not is_loopback(host) and not token:
+        raise ValueError(f"refusing to serve the task API on non-loopback address {host!r} without a bearer token "
+                         "(set --token or OPENGLM_AGENT_TOKEN)")
+
+
+def create_app(config: AgentConfig, store=None, token: str | None = None) -> FastAPI:
+    store = store or open_store(config.store_url)
+    app = FastAPI(title="openglm agent", version="1")
+    app.state.store = store
+
+    @app.middleware("http")
+    async def bearer(request: Request, call_next):
+        if token and request.url.path.startswith("/v1"):
+            given = request.headers.get("authorization", "")
+            if not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401,
+                                    headers={"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
+
+    @app.exception_handler(ConstraintError)
+    async def bad_field(request, exc: ConstraintError):
+        loc = ["body", *exc.field.replace("[", ".").replace("]", "").split(".")]
+        return JSONResponse({"detail": [{"loc": loc, "msg": exc.message, "type": "value_error"}], "field": exc.field},
+                            status_code=422)
+
+    @app.exception_handler(TaskNotFound)
+    async def not_found(request, exc):
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(StateConflict)
+    async def conflict(request, exc):
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    @app.get("/health")
+    def health():
+        return {"ok": True}
+
+    @app.post("/v1/tasks", status_code=201)
+    def submit(req: SubmitRequest):
+        task = service.submit(store, config, req.objective, req.workspace, req.constraints, req.repo, req.model)
+        return {"task_id": task.id, **task.to_dict()}
+
+    @app.get("/v1/tasks")
+    def list_tasks(limit: int = 100):
+        return {"tasks": [t.to_dict() for t in store.list_tasks(limit)]}
+
+    @app.get("/v1/tasks/{task_id}")
+    def status(task_id: str, recent: int = 20):
+        return service.status(store, task_id, recent)
+
+    @app.get("/v1/tasks/{task_id}/events")
+    def events(task_id: str, request: Request, after: int = 0, limit: int = 100, stream: bool = False):
+        store.get_task(task_id)
+        if stream or "text/event-stream" in request.headers.get("accept", ""):
+            return StreamingResponse(_sse(store, task_id, after), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        evs = store.events(task_id, after=after, limit=min(limit, 1000))
+        return {"events": [e.to_dict() for e in evs], "next_after": evs[-1].seq if evs else after}
+
+    @app.post("/v1/tasks/{task_id}/pause")
+    def pause(task_id: str):
+        return service.pause(store, task_id).to_dict()
+
+    @app.post("/v1/tasks/{task_id}/resume")
+    def resume(task_id: str):
+        return service.resume(store, task_id).to_dict()
+
+    @app.post("/v1/tasks/{task_id}/cancel")
+    def cancel(task_id: str):
+        return service.cancel(store, task_id).to_dict()
+
+    @app.post("/v1/tasks/{task_id}/answer")
+    def answer(task_id: str, answer: str = Body(..., embed=True)):
+        return service.answer(store, task_id, answer).to_dict()
+
+    @app.get("/v1/tasks/{task_id}/snapshots")
+    def snapshots(task_id: str):
+        return {"snapshots": service.snapshots(store, task_id)}
+
+    @app.post("/v1/tasks/{task_id}/rollback")
+    def rollback(task_id: str, step: int = Body(..., embed=True)):
+        return service.rollback(store, config, task_id, step).to_dict()
+
+    @app.post("/v1/tasks/{task_id}/budget")
+    def budget(task_id: str, caps: dict = Body(...)):
+        """Raise timeout / max_tokens / max_cost of a running or paused task (openglm.agent.resilience)."""
+        from openglm.agent.resilience.service import raise_budget
+
+        return {"constraints": raise_budget(store, task_id, **caps)}
+
+    @app.get("/metrics")
+    def metrics():
+        """Prometheus metrics of the resilience layer (resource readings, actions, escalations)."""
+        from fastapi import Response
+
+        from openglm.agent.resilience.hooks import METRICS
+
+        return Response(METRICS.render(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def _sse(store, task_id: str, after: int, poll: float = 0.2, idle_timeout: float = 3600):
+    """Server-sent events: each event as `data: {json}`; ends after the task reaches a terminal state."""
+    last_event = last_ping = time.monotonic()
+    while True:
+        evs = store.events(task_id, after=after, limit=500)
+        for e in evs:
+            yield f"id: {e.seq}\nevent: {e.kind}\ndata: {json.dumps(e.to_dict(), ensure_ascii=False)}\n\n"
+            after = e.seq
+        if evs:
+            last_event = time.monotonic()
+            continue
+        state = store.get_task(task_id).state
+        if TaskState(state) in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED, TaskState.TIMED_OUT):
+            yield f"event: end\ndata: {json.dumps({'state': state})}\n\n"
+            return
+        if time.monotonic() - last_event > idle_timeout:
+            return
+        if time.monotonic() - last_ping > 15:  # keeps proxies from closing an idle stream
+            last_ping = time.monotonic()
+            yield ": keep-alive\n\n"
+        time.sleep(poll)

@@ -1,0 +1,27 @@
+"""Model backends for the agent: OpenAI-compatible chat, primary+fallback, replay (JSONL)."""
+
+from __future__ import annotations
+
+from openglm.agent.models.base import Model, ModelError, ModelResponse, ToolCall, estimate_tokens
+from openglm.agent.models.fallback import FallbackModel
+from openglm.agent.models.replay import ReplayModel
+
+
+def build_model(spec: dict) -> Model:
+    """From a config dict: {"replay": path} or {"base_url", "model", "api_key"}; optional "fallback": {...}."""
+    if "replay" in spec:
+        model: Model = ReplayModel(spec["replay"], calls_log=spec.get("calls_log"))
+    elif "base_url" in spec and "model" in spec:
+        from openglm.agent.models.openai_chat import OpenAIChatModel
+
+        model = OpenAIChatModel(spec["base_url"], spec["model"], api_key=spec.get("api_key"),
+                                use_tools=spec.get("use_tools", True))
+    else:
+        raise ValueError(f"model spec needs 'replay' or 'base_url' + 'model', got keys {sorted(spec)}")
+    if spec.get("fallback"):
+        model = FallbackModel(model, build_model(spec["fallback"]))
+    return model
+
+
+__all__ = ["FallbackModel", "Model", "ModelError", "ModelResponse", "ReplayModel", "ToolCall", "build_model",
+           "estimate_tokens"]

@@ -1,0 +1,22 @@
+"""The four-phase software-engineering policy for the agent runtime (see docs/swe.md).
+
+Use it with `AgentConfig(policy="openglm.agent.policy:factory")`, or build one in Python with
+`SWEPolicy(SWEPolicyConfig(...))` and pass `policy_factory=lambda: policy` to a Worker.
+"""
+
+from openglm.agent.policy.config import PHASES, PhaseBudget, SWEPolicyConfig
+from openglm.agent.policy.policy import SWEPolicy
+
+__all__ = ["PHASES", "PhaseBudget", "SWEPolicy", "SWEPolicyConfig", "factory"]
+
+
+def factory(config=None) -> SWEPolicy:
+    """AgentConfig.policy entry point; budgets etc. come from $OPENGLM_SWE_POLICY (a JSON file) if set."""
+    import json
+    import os
+
+    path = os.environ.get("OPENGLM_SWE_POLICY")
+    raw = json.loads(open(path).read()) if path else {}
+    if config is not None and "context_limit" not in raw:
+        raw["context_limit"] = config.context_limit
+    return SWEPolicy(SWEPolicyConfig.from_dict(raw))

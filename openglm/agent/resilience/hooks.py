@@ -1,0 +1,215 @@
+"""The resilience layer plugged into the agent runtime through its hooks (docs/agent.md).
+
+    AgentConfig(hooks=["openglm.agent.resilience.hooks:factory"], resilience={...})
+
+- model wrapper: L1 retries with backoff and L2 fallback model around every model call; past L2 the
+  task is safely paused ("model unavailable"); the monitor's outage action prefers the fallback;
+- tool wrapper: L1 retries for hung (timed-out) commands;
+- step callback: verification, stuck detection and the ladder's L2..L5 (guard.py);
+- monitor: the resource monitor on the running command's process tree, readings into the task
+  status and Prometheus, actions into the task (throttle, restart from snapshot, fallback, pause);
+- budget check: tokens and cost against the task's `max_tokens` / `max_cost` constraints (re-read
+  every step, so raising them works on a running task); the wall clock is the runtime's timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+
+from openglm.agent.hooks import Hooks
+from openglm.agent.models import FallbackModel, ModelError
+from openglm.agent.task import parse_constraints
+
+from .actuators import renice_tree
+from .budgets import BudgetTracker
+from .config import Action, BudgetConfig, ResilienceConfig
+from .errors import Failure
+from .guard import Guard
+from .metrics import ResilienceMetrics
+from .monitor import ResourceMonitor
+from .recovery import Escalation, call_with_recovery
+
+METRICS = ResilienceMetrics()  # one registry per process; the agent server exposes it at /metrics
+
+
+def factory(agent_config=None) -> Hooks:
+    raw = getattr(agent_config, "resilience", None)
+    return resilience_hooks(ResilienceConfig.from_dict(raw) if isinstance(raw, dict) else raw)
+
+
+def resilience_hooks(config: ResilienceConfig | None = None, sleep=time.sleep) -> Hooks:
+    config = config or ResilienceConfig()
+    guards: dict[int, Guard] = {}
+
+    def guard_of(ctx) -> Guard:
+        key = id(ctx)
+        if key not in guards:
+            guards[key] = Guard(ctx, config, METRICS)
+        return guards[key]
+
+    def wrap_model(call, ctx):
+        guard = guard_of(ctx)
+
+        def resilient(messages, tools):
+            model = ctx.model
+            if isinstance(model, FallbackModel):  # the ladder owns the fallback (L2), after L1's retries
+                options = [lambda: model.primary.query(messages, tools), lambda: model.fallback.query(messages, tools)]
+                if guard.prefer_fallback:  # the monitor saw the primary endpoint down
+                    options.reverse()
+            else:
+                options = [lambda: call(messages, tools)]
+            try:
+                return call_with_recovery(options, guard.call_ladder, sleep=sleep, can_rollback=False,
+                                          on_switch=lambda i: guard.event("model_switch", {"to": i}))
+            except Escalation as esc:  # past L2 nothing in the workspace helps: pause safely, resume later
+                guard.call_ladder.abort("safe pause")
+                raise ModelError(f"no model answered after retries and the fallback: {esc.error}") from esc.error
+
+        return resilient
+
+    def wrap_tool(call, ctx):
+        guard = guard_of(ctx)
+
+        def resilient(name, args):
+            result = call(name, args)
+            attempt = 0
+            while config.guard.tool_retry and result.meta.get("killed") == "timeout" and attempt < 10:
+                decision = guard.call_ladder.on_failure(Failure("transient", f"{name} hung: {str(args)[:200]}"))
+                if decision.level.value != 1:
+                    guard.call_ladder.abort("returned to the step")
+                    break
+                sleep(decision.delay_s)
+                attempt += 1
+                result = call(name, args)
+            if attempt and result.meta.get("killed") != "timeout":
+                guard.call_ladder.on_success()
+            return result
+
+        return resilient
+
+    def on_step(ctx, record):
+        guard_of(ctx).on_step(ctx, record)
+
+    def monitor(ctx):
+        guard = guard_of(ctx)
+        guard.start()
+        return _TaskMonitor(ctx, guard, config) if config.monitor_enabled else _Stopped()
+
+    def budget(ctx):
+        task = ctx.store.get_task(ctx.task_id)
+        caps = parse_constraints(task.constraints)
+        ctx.constraints.timeout_s = caps.timeout_s  # raised while running: the loop sees it now
+        price_in, price_out = config.guard.price_per_mtok
+        tracker = BudgetTracker(BudgetConfig(max_tokens=caps.max_tokens, max_cost=caps.max_cost))
+        tracker.charge(task.prompt_tokens, task.completion_tokens,
+                       cost=(task.prompt_tokens * price_in + task.completion_tokens * price_out) / 1e6)
+        over = tracker.exceeded()
+        if over is None:
+            return None
+        guard_of(ctx).event("budget_exhausted", over.to_dict())
+        return f"budget exhausted: {over} (raise it with POST /v1/tasks/{ctx.task_id}/budget, then resume)"
+
+    return Hooks(model_wrappers=[wrap_model], tool_wrappers=[wrap_tool], step_callbacks=[on_step],
+                 monitors=[monitor], budgets=[budget])
+
+
+class _Stopped:
+    def stop(self):
+        pass
+
+
+class _TaskMonitor:
+    """The resource monitor of one run: watches the running command's process group."""
+
+    def __init__(self, ctx, guard: Guard, config: ResilienceConfig):
+        self.ctx, self.guard = ctx, guard
+        self.pidfile = os.path.join(os.path.dirname(str(ctx.snapshots.git_dir)), "running.pgid")
+        mon_cfg = config.monitor
+        primary = getattr(ctx.model, "primary", ctx.model)
+        if mon_cfg.endpoint_url is None and getattr(primary, "base_url", None):
+            mon_cfg = _replace(mon_cfg, endpoint_url=primary.base_url + "/models")
+        handlers = {Action.REDUCE_PARALLELISM: self.throttle, Action.RESTART_TREE: self.restart,
+                    Action.SWITCH_FALLBACK: self.fallback, Action.CPU_MODE: self.cpu_mode,
+                    Action.PAUSE: self.pause, Action.WARN: lambda alert: "warned"}
+        self.monitor = ResourceMonitor(mon_cfg, roots=self.roots, workspace=ctx.workspace, on_event=self.on_event,
+                                       handlers=handlers, metrics=METRICS, task_id=ctx.task_id,
+                                       on_sample=self.on_sample)
+        self.monitor.start()
+
+    def roots(self) -> list[int]:
+        try:
+            return [int(open(self.pidfile).read().strip())]
+        except (OSError, ValueError):
+            return []
+
+    def on_event(self, kind: str, data: dict):
+        if kind == "threshold_cleared" and data["metric"] == "endpoint_latency_s":
+            self.guard.prefer_fallback = False
+        self.guard.event(f"resource_{kind}", data)
+
+    def on_sample(self, reading: dict):
+        self.ctx.readings.update({k: v for k, v in self.monitor.status().items() if k != "t"},
+                                 parallelism=self.guard.parallelism.value)
+
+    # -- actions ----------------------------------------------------------------------------------
+    def throttle(self, alert) -> str:
+        value = self.guard.parallelism.reduce()
+        touched = []
+        for pid in self.roots():
+            touched += renice_tree(pid, 10)
+            touched += _halve_affinity(pid)
+        self.ctx.readings["parallelism"] = value
+        return f"parallelism {value}; reniced/narrowed {sorted(set(touched))}"
+
+    def restart(self, alert) -> str:
+        pids = self.roots()
+        with self.guard.lock:
+            self.guard.restart = alert.to_dict()
+        for pgid in pids:  # the command's step then commits, and is rolled back to the previous snapshot
+            try:
+                os.killpg(pgid, 9)
+            except OSError:
+                pass
+        return f"killed process group(s) {pids}; the step restarts from the last snapshot"
+
+    def fallback(self, alert) -> str:
+        self.guard.prefer_fallback = True
+        return "fallback model preferred until the primary endpoint answers again"
+
+    def cpu_mode(self, alert) -> str:
+        self.ctx.readings["device"] = "cpu"
+        return "CPU mode (GPU errors); GPU use is off for the rest of the run"
+
+    def pause(self, alert) -> str:
+        self.ctx.request_pause(f"paused by the resource monitor: {alert.metric}={alert.value} (limit {alert.limit})")
+        return "pause requested"
+
+    def stop(self):
+        self.monitor.stop()
+        self.ctx.readings.update({k: v for k, v in self.monitor.status().items() if k != "t"})
+
+
+def _halve_affinity(pid: int) -> list[int]:
+    out = []
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return out
+    for p in procs:
+        try:
+            cpus = p.cpu_affinity()
+            if len(cpus) > 1:
+                p.cpu_affinity(cpus[: len(cpus) // 2])
+                out.append(p.pid)
+        except (psutil.Error, AttributeError):
+            continue
+    return out
+
+
+def _replace(cfg, **changes):
+    import dataclasses
+
+    return dataclasses.replace(cfg, **changes)

@@ -1,0 +1,123 @@
+"""Task operations shared by the HTTP API and the CLI: submit, pause, resume, cancel, answer, rollback.
+
+Each change is one guarded store write (`expect_state`), so it cannot race a worker's claim; a
+running task is paused or cancelled through `control`, which its worker honours between steps
+(a cancel also kills the running command).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from openglm.agent.config import AgentConfig
+from openglm.agent.snapshot import Snapshots
+from openglm.agent.state import rebuild
+from openglm.agent.store import StateConflict
+from openglm.agent.task import ConstraintError, Task, TaskState, new_task_id, parse_constraints
+
+S = TaskState
+_GIT_URL = re.compile(r"^(https?://|ssh://|git://|file://|git@)|\.git/?$")
+
+
+def _workspace(config: AgentConfig, task_id: str, workspace: str | None, repo: str | None) -> str:
+    if repo:
+        dest = Path(config.data_dir).resolve() / "workspaces" / task_id
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        p = subprocess.run(["git", "clone", "-q", repo, str(dest)], capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            raise ConstraintError("repo", f"cannot clone {repo!r}: {p.stderr.strip()}")
+        return str(dest)
+    if workspace is None:
+        dest = Path(config.data_dir).resolve() / "workspaces" / task_id
+        dest.mkdir(parents=True, exist_ok=True)
+        return str(dest)
+    if not isinstance(workspace, str) or not workspace:
+        raise ConstraintError("workspace", f"expected a directory path, got {workspace!r}")
+    if _GIT_URL.search(workspace):
+        return _workspace(config, task_id, None, workspace)
+    path = Path(workspace).expanduser()
+    if not path.is_dir():
+        raise ConstraintError("workspace", f"{workspace!r} does not exist or is not a directory")
+    return str(path.resolve())
+
+
+def submit(store, config: AgentConfig, objective: str, workspace: str | None = None, constraints: dict | None = None,
+           repo: str | None = None, model: dict | None = None) -> Task:
+    if not isinstance(objective, str) or not objective.strip():
+        raise ConstraintError("objective", "must be a non-empty string")
+    parse_constraints(constraints)  # validate now: 422 at submit, never a failure hours later
+    task_id = new_task_id()
+    task = Task(id=task_id, objective=objective, workspace=_workspace(config, task_id, workspace, repo),
+                constraints=dict(constraints or {}), meta={"model": model} if model else {})
+    store.create_task(task)
+    store.append(task.id, [("task_created", 0, {"objective": objective, "workspace": task.workspace,
+                                                "constraints": task.constraints})])
+    return task
+
+
+def _transition(store, task_id, frm: set, to: S, reason: str, extra_events=()) -> Task:
+    task = store.get_task(task_id)
+    store.append(task_id, [*extra_events, ("state", task.step, {"state": to.value, "reason": reason})],
+                 {"state": to.value, "reason": reason, "control": "", "worker": ""},
+                 expect_state={s.value for s in frm})
+    return store.get_task(task_id)
+
+
+def pause(store, task_id: str) -> Task:
+    task = store.get_task(task_id)
+    if task.state == S.RUNNING.value:
+        return store.update_task(task_id, {"control": "pause"}, expect_state={S.RUNNING.value})
+    return _transition(store, task_id, {S.QUEUED}, S.PAUSED, "paused by request")
+
+
+def resume(store, task_id: str) -> Task:
+    task = store.get_task(task_id)
+    if task.state == S.RUNNING.value and task.control == "pause":  # not yet paused: withdraw the request
+        return store.update_task(task_id, {"control": ""}, expect_state={S.RUNNING.value})
+    return _transition(store, task_id, {S.PAUSED}, S.QUEUED, "resumed by request")
+
+
+def cancel(store, task_id: str) -> Task:
+    task = store.get_task(task_id)
+    if task.state == S.RUNNING.value:
+        return store.update_task(task_id, {"control": "cancel"}, expect_state={S.RUNNING.value})
+    return _transition(store, task_id, {S.QUEUED, S.PAUSED, S.NEEDS_INPUT}, S.CANCELLED, "cancelled by request")
+
+
+def answer(store, task_id: str, text: str) -> Task:
+    if not isinstance(text, str) or not text:
+        raise ConstraintError("answer", "must be a non-empty string")
+    task = store.get_task(task_id)
+    return _transition(store, task_id, {S.NEEDS_INPUT}, S.QUEUED, "answered",
+                       [("answer", task.step, {"answer": text, "question": task.reason})])
+
+
+def rollback(store, config: AgentConfig, task_id: str, step: int) -> Task:
+    """Restore the workspace to a committed step; allowed while no worker runs the task."""
+    task = store.get_task(task_id)
+    if task.state in (S.RUNNING.value, S.QUEUED.value):
+        raise StateConflict(f"task {task_id} is {task.state}: pause it before rolling back")
+    state = rebuild([], store.all_events(task_id))
+    sha = state.steps.get(step)
+    if sha is None:
+        raise ConstraintError("step", f"{step!r} is not a committed step (have {sorted(state.steps)})")
+    snaps = Snapshots(task.workspace, Path(config.data_dir) / "tasks" / task_id / "snapshots.git", config.ignore)
+    snaps.restore(sha)
+    store.append(task_id, [("rollback", state.step, {"to_step": step, "snapshot": sha})], {"snapshot": sha},
+                 expect_state={task.state})
+    return store.get_task(task_id)
+
+
+def snapshots(store, task_id: str) -> list[dict]:
+    store.get_task(task_id)
+    return [{"step": e.step, "snapshot": e.data["id"], "changed": e.data.get("changed", True), "ts": e.ts}
+            for e in store.all_events(task_id) if e.kind == "snapshot"]
+
+
+def status(store, task_id: str, recent: int = 20) -> dict:
+    task = store.get_task(task_id)
+    total = store.event_count(task_id)
+    events = [e.to_dict() for e in store.events(task_id, after=max(0, total - recent), limit=recent)] if recent else []
+    return {**task.to_dict(), "recent_events": events}

@@ -1,0 +1,104 @@
+"""Agent state rebuilt from the event log: the log is the only source of truth.
+
+A run never keeps state that the log does not have: on resume the worker replays the log to
+get the conversation, the last committed step and snapshot, the policy's phase, and the
+write-ahead model response of a step that had not committed (that step is redone without a new
+model call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from openglm.agent.models.base import ModelResponse
+from openglm.agent.store.base import Event
+
+CONDENSED_CHARS = 200
+
+
+@dataclass
+class Block:
+    step: int
+    messages: list[dict]
+
+
+@dataclass
+class AgentState:
+    initial: list[dict] = field(default_factory=list)  # system + objective
+    blocks: list[Block] = field(default_factory=list)
+    step: int = -1  # last committed step (-1: not even the initial snapshot)
+    last_step: int = -1  # highest step number ever committed (steps stay unique after a rollback)
+    snapshot: str = ""  # the committed snapshot the workspace must equal
+    pending: ModelResponse | None = None  # write-ahead response of step `last_step + 1`
+    phase: str = ""
+    phase_data: dict = field(default_factory=dict)
+    condensed_upto: int = -1
+    condensed_steps: set[int] = field(default_factory=set)  # looping steps (stuck detection) whose output is dropped
+    steps: dict[int, str] = field(default_factory=dict)  # step -> snapshot id (kept history only)
+
+    @property
+    def next_step(self) -> int:
+        return self.last_step + 1
+
+    def messages(self) -> list[dict]:
+        out = [dict(m) for m in self.initial]
+        for b in self.blocks:
+            for m in b.messages:
+                if b.step in self.condensed_steps and m.get("observation"):
+                    m = {**m, "content": "[condensed: a repeat of an earlier step; output dropped]"}
+                elif b.step <= self.condensed_upto and m.get("observation"):
+                    m = {**m, "content": _condense(m["content"])}
+                out.append({k: v for k, v in m.items() if k != "observation"})
+        return out
+
+    def add_step(self, step: int, response: ModelResponse | None, observations: list[dict], snapshot: str):
+        msgs = [response.to_message()] if response is not None else []
+        for o in observations:
+            if o.get("call_id") and not o.get("as_user"):
+                msgs.append({"role": "tool", "tool_call_id": o["call_id"], "content": o["output"], "observation": True})
+            else:
+                msgs.append({"role": "user", "content": f"Observation ({o['name']}):\n{o['output']}", "observation": True})
+        if msgs:
+            self.blocks.append(Block(step, msgs))
+        self.step, self.last_step, self.snapshot, self.pending = step, max(self.last_step, step), snapshot, None
+        self.steps[step] = snapshot
+
+    def rollback(self, to_step: int, snapshot: str):
+        self.blocks = [b for b in self.blocks if b.step <= to_step]
+        self.steps = {s: sha for s, sha in self.steps.items() if s <= to_step}
+        self.blocks.append(Block(to_step, [{"role": "user", "content": f"The workspace was rolled back to its state "
+                                            f"after step {to_step}; later changes are gone."}]))
+        self.step, self.snapshot, self.pending = to_step, snapshot, None
+
+
+def _condense(text: str) -> str:
+    if len(text) <= CONDENSED_CHARS:
+        return text
+    return text[:CONDENSED_CHARS] + f"\n[... condensed: {len(text) - CONDENSED_CHARS} characters of an old observation dropped]"
+
+
+def rebuild(initial: list[dict], events: list[Event]) -> AgentState:
+    """Replay the log into an AgentState."""
+    st = AgentState(initial=initial)
+    observations: dict[int, list[dict]] = {}
+    for e in events:
+        if e.kind == "model_response":
+            st.pending = ModelResponse.from_dict(e.data["response"])
+        elif e.kind == "observation":
+            observations.setdefault(e.step, []).append(e.data)
+        elif e.kind == "step_committed":
+            response = st.pending if e.step > 0 else None
+            st.add_step(e.step, response, observations.pop(e.step, []), e.data["snapshot"])
+        elif e.kind == "answer":
+            st.blocks.append(Block(st.step, [{"role": "user", "content": f"Answer from the user: {e.data['answer']}"}]))
+        elif e.kind == "rollback":
+            st.rollback(e.data["to_step"], e.data["snapshot"])
+        elif e.kind == "phase":
+            st.phase, st.phase_data = e.data["phase"], e.data.get("data", {})
+        elif e.kind == "guidance":  # a message to the model from a layer above the loop (recovery ladder)
+            st.blocks.append(Block(st.step, [{"role": "user", "content": e.data["content"]}]))
+        elif e.kind == "loop_condensed":
+            st.condensed_steps.update(e.data["steps"])
+        elif e.kind == "condensation":
+            st.condensed_upto = max(st.condensed_upto, e.data["upto_step"])
+    return st

@@ -1,0 +1,138 @@
+"""SQLite store (the embedded default): WAL journal, one IMMEDIATE transaction per write.
+
+A SIGKILL mid-write leaves the previous committed state (SQLite's journal rolls the partial
+transaction back on the next open). Several processes on one machine may share the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+
+from openglm.agent.faults import crashpoint
+from openglm.agent.store.base import (Event, LeaseLost, StateConflict, Store, TaskNotFound, event_from_json,
+                                      event_json)
+from openglm.agent.task import Task, TaskState
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (id TEXT PRIMARY KEY, state TEXT NOT NULL, worker TEXT NOT NULL,
+    lease_until REAL NOT NULL, created_at REAL NOT NULL, body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS tasks_state ON tasks(state, created_at);
+CREATE TABLE IF NOT EXISTS events (task_id TEXT NOT NULL, seq INTEGER NOT NULL, body TEXT NOT NULL,
+    PRIMARY KEY (task_id, seq));
+"""
+
+
+class SQLiteStore(Store):
+    def __init__(self, path: str, synchronous: str = "NORMAL"):
+        self.path = path
+        if os.path.dirname(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+        self._lock = threading.Lock()  # the heartbeat thread shares this connection
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={synchronous}")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        with self._tx() as db:
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                db.execute(statement)
+
+    @contextmanager
+    def _tx(self):
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            crashpoint("store_before_commit")  # the kill test kills here too
+            self._db.execute("COMMIT")
+
+    def close(self):
+        self._db.close()
+
+    # tasks
+    def create_task(self, task: Task) -> Task:
+        with self._tx() as db:
+            db.execute("INSERT INTO tasks VALUES (?,?,?,?,?,?)",
+                       (task.id, task.state, task.worker, task.lease_until, task.created_at,
+                        json.dumps(task.to_dict(), ensure_ascii=False)))
+        return task
+
+    def _load(self, db, task_id: str) -> Task:
+        row = db.execute("SELECT body FROM tasks WHERE id=?", (task_id,)).fetchone()
+        if row is None:
+            raise TaskNotFound(task_id)
+        return Task.from_dict(json.loads(row[0]))
+
+    def _save(self, db, task: Task):
+        task.updated_at = time.time()
+        db.execute("UPDATE tasks SET state=?, worker=?, lease_until=?, body=? WHERE id=?",
+                   (task.state, task.worker, task.lease_until, json.dumps(task.to_dict(), ensure_ascii=False),
+                    task.id))
+
+    def get_task(self, task_id: str) -> Task:
+        with self._lock:
+            return self._load(self._db, task_id)
+
+    def list_tasks(self, limit: int = 100) -> list[Task]:
+        with self._lock:
+            rows = self._db.execute("SELECT body FROM tasks ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
+        return [Task.from_dict(json.loads(r[0])) for r in rows]
+
+    def _apply(self, db, task_id, fields, worker, expect_state) -> Task:
+        task = self._load(db, task_id)
+        if worker is not None and task.worker != worker:
+            raise LeaseLost(f"task {task_id} is owned by {task.worker or 'nobody'}, not {worker}")
+        if expect_state is not None and task.state not in expect_state:
+            raise StateConflict(f"task {task_id} is {task.state}, expected one of {sorted(expect_state)}")
+        for k, v in (fields or {}).items():
+            if k not in Task.__dataclass_fields__:
+                raise KeyError(f"unknown task field {k!r}")
+            setattr(task, k, v)
+        self._save(db, task)
+        return task
+
+    def update_task(self, task_id, fields, *, worker=None, expect_state=None) -> Task:
+        with self._tx() as db:
+            return self._apply(db, task_id, fields, worker, expect_state)
+
+    # events
+    def append(self, task_id, events, fields=None, *, worker=None, expect_state=None) -> list[int]:
+        with self._tx() as db:
+            self._apply(db, task_id, fields, worker, expect_state)
+            last = db.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE task_id=?", (task_id,)).fetchone()[0]
+            seqs = list(range(last + 1, last + 1 + len(events)))
+            db.executemany("INSERT INTO events VALUES (?,?,?)",
+                           [(task_id, s, event_json(k, st, d)) for s, (k, st, d) in zip(seqs, events)])
+        return seqs
+
+    def events(self, task_id, after=0, limit=1000) -> list[Event]:
+        with self._lock:
+            rows = self._db.execute("SELECT seq, body FROM events WHERE task_id=? AND seq>? ORDER BY seq LIMIT ?",
+                                    (task_id, after, limit)).fetchall()
+        return [event_from_json(s, b) for s, b in rows]
+
+    def event_count(self, task_id) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE task_id=?", (task_id,)).fetchone()[0]
+
+    # leases
+    def claim(self, worker, ttl) -> Task | None:
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT id FROM tasks WHERE state=? OR (state=? AND lease_until<?) ORDER BY created_at LIMIT 1",
+                (TaskState.QUEUED.value, TaskState.RUNNING.value, now)).fetchone()
+            if row is None:
+                return None
+            return self._apply(db, row[0], {"state": TaskState.RUNNING.value, "worker": worker,
+                                            "lease_until": now + ttl}, None, None)
+
+    def heartbeat(self, task_id, worker, ttl) -> Task:
+        return self.update_task(task_id, {"lease_until": time.time() + ttl}, worker=worker)

@@ -1,0 +1,89 @@
+"""The agent's tools: shell, file view/create/edit, search; plus the two control tools
+`ask_user` and `submit`, which the step loop handles itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from openglm.agent.tools import files
+from openglm.agent.tools.files import PathEscape, ToolError
+from openglm.agent.tools.limits import ResourceLimiter
+from openglm.agent.tools.search import search
+from openglm.agent.tools.shell import run_shell
+
+CONTROL_TOOLS = {"ask_user", "submit"}
+
+
+def _spec(name, description, **params):
+    required = [k for k, v in params.items() if not v.pop("optional", False)]
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": params, "required": required}}}
+
+
+TOOL_SPECS = [
+    _spec("bash", "Run a bash command in the workspace.", command={"type": "string"}),
+    _spec("view", "Show a file with line numbers, or list a directory.", path={"type": "string"},
+          start={"type": "integer", "optional": True}, end={"type": "integer", "optional": True}),
+    _spec("create", "Create a file with the given content.", path={"type": "string"}, content={"type": "string"},
+          overwrite={"type": "boolean", "optional": True}),
+    _spec("edit", "Replace the unique occurrence of `old` by `new` in a file.", path={"type": "string"},
+          old={"type": "string"}, new={"type": "string"}),
+    _spec("search", "Search file contents for a regular expression.", pattern={"type": "string"},
+          path={"type": "string", "optional": True}, glob={"type": "string", "optional": True}),
+    _spec("ask_user", "Ask the user a question and wait for the answer.", question={"type": "string"}),
+    _spec("submit", "Finish the task; the deliverables are checked.", summary={"type": "string"}),
+]
+
+
+@dataclass
+class ToolResult:
+    output: str
+    ok: bool = True
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class ToolBox:
+    workspace: str
+    limiter: ResourceLimiter = field(default_factory=lambda: ResourceLimiter(None))
+    command_timeout: float = 600.0
+    max_output: int = 20000
+
+    def specs(self) -> list[dict]:
+        return TOOL_SPECS
+
+    def call(self, name: str, args: dict, timeout: float | None = None, should_stop=lambda: False,
+             pidfile=None) -> ToolResult:
+        """Run one tool; mistakes (bad args, path escapes) come back as a failed result, not an exception."""
+        try:
+            if not isinstance(args, dict):
+                raise ToolError(f"arguments must be an object, got {args!r}")
+            if name == "bash":
+                budget = min(self.command_timeout, timeout) if timeout is not None else self.command_timeout
+                r = run_shell(args["command"], self.workspace, max(budget, 0.01), self.limiter, self.max_output,
+                              should_stop, pidfile)
+                return ToolResult(r.render(), ok=r.exit_code == 0,
+                                  meta={"exit_code": r.exit_code, "killed": r.killed, "duration_s": round(r.duration_s, 4)})
+            if name == "view":
+                return ToolResult(files.view(self.workspace, args.get("path", "."), args.get("start"), args.get("end"),
+                                             self.max_output))
+            if name == "create":
+                return ToolResult(files.create(self.workspace, args["path"], args["content"],
+                                               bool(args.get("overwrite", False))))
+            if name == "edit":
+                return ToolResult(files.edit(self.workspace, args["path"], args["old"], args["new"]))
+            if name == "search":
+                return ToolResult(search(self.workspace, args["pattern"], args.get("path", "."), args.get("glob"),
+                                         self.max_output))
+            raise ToolError(f"unknown tool {name!r} (known: bash, view, create, edit, search, ask_user, submit)")
+        except KeyError as e:
+            return ToolResult(f"error: missing argument {e} for tool {name}", ok=False)
+        except ToolError as e:
+            return ToolResult(f"error: {e}", ok=False, meta={"refused": isinstance(e, PathEscape)})
+        except (OSError, UnicodeDecodeError) as e:
+            if getattr(e, "errno", None) == 28:  # ENOSPC: let the runtime pause the task
+                raise
+            return ToolResult(f"error: {e}", ok=False)
+
+
+__all__ = ["CONTROL_TOOLS", "PathEscape", "ResourceLimiter", "ToolBox", "ToolError", "ToolResult", "TOOL_SPECS"]

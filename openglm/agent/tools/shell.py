@@ -1,0 +1,135 @@
+"""The shell tool: one bash command in the workspace, in its own process group.
+
+Per-command timeout, output truncated to head + tail, the whole process group SIGKILLed on
+timeout / cancel / memory watchdog, and an environment scrubbed of secrets.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+from openglm.agent.tools.limits import ResourceLimiter
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE", re.I)
+_SECRET_PREFIXES = ("AWS_", "AZURE_", "GCP_", "GOOGLE_", "OPENAI_", "ANTHROPIC_", "HF_", "HUGGING", "GITHUB_",
+                    "OPENGLM_")
+
+
+def scrubbed_env(extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not _SECRET.search(k) and not k.startswith(_SECRET_PREFIXES)}
+    env.update({"PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb"})
+    env.update(extra or {})
+    return env
+
+
+def truncate(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    head, tail = text[: limit // 2], text[-(limit // 2):]
+    return f"{head}\n[... {len(text) - len(head) - len(tail)} characters omitted ...]\n{tail}"
+
+
+@dataclass
+class ShellResult:
+    exit_code: int | None
+    output: str
+    timed_out: bool = False
+    killed: str = ""  # why the group was killed ("timeout", "cancelled", "memory"), if it was
+    duration_s: float = 0.0
+
+    def render(self) -> str:
+        status = f"exit code {self.exit_code}" if not self.killed else f"killed ({self.killed})"
+        return f"[{status}]\n{self.output}"
+
+
+def _reader(stream, buf: list, cap: int):
+    # Keep the first `cap` bytes and a rolling tail of `cap` bytes; count the rest.
+    head, tail, total = bytearray(), bytearray(), 0
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        total += len(chunk)
+        if len(head) < cap:
+            take = cap - len(head)
+            head += chunk[:take]
+            chunk = chunk[take:]
+        tail += chunk
+        if len(tail) > cap:
+            del tail[: len(tail) - cap]
+    buf[:] = [bytes(head), bytes(tail), total]
+
+
+def run_shell(command: str, cwd: str, timeout: float = 600.0, limiter: ResourceLimiter | None = None,
+              max_output: int = 20000, should_stop=lambda: False, pidfile=None) -> ShellResult:
+    """`pidfile` (optional) holds the command's process-group id while it runs, so a worker that
+    resumes after a SIGKILL can kill a command its dead predecessor left running."""
+    limiter = limiter or ResourceLimiter(None)
+    start = time.monotonic()
+    proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=scrubbed_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_preexec(os.getpid(), pidfile, limiter))
+    buf: list = []
+    reader = threading.Thread(target=_reader, args=(proc.stdout, buf, max_output), daemon=True)
+    reader.start()
+    killed, next_mem_check = "", 0.0
+    while proc.poll() is None:
+        now = time.monotonic()
+        if now - start > timeout:
+            killed = "timeout"
+        elif should_stop():
+            killed = "cancelled"
+        elif now >= next_mem_check:
+            next_mem_check = now + 0.5
+            killed = "memory" if limiter.over_memory(proc.pid) else ""
+        if killed:
+            break
+        try:
+            proc.wait(0.02 if now - start < 1 else 0.1)
+        except subprocess.TimeoutExpired:
+            pass
+    _kill_group(proc.pid)  # also reaps background children that would hold the pipe open
+    proc.wait()
+    if pidfile:
+        try:
+            os.unlink(pidfile)
+        except FileNotFoundError:
+            pass
+    reader.join(5)
+    head, tail, total = buf or [b"", b"", 0]
+    omitted = total - len(head) - len(tail)
+    text = (head + tail).decode("utf-8", "replace") if omitted <= 0 else (
+        f"{head.decode('utf-8', 'replace')}\n[... {omitted} bytes omitted ...]\n{tail.decode('utf-8', 'replace')}")
+    if killed == "memory":
+        text += f"\n[killed: the command's processes exceeded the memory limit of {limiter.resources.memory_bytes} bytes]"
+    return ShellResult(exit_code=None if killed else proc.returncode, output=text, timed_out=killed == "timeout",
+                       killed=killed, duration_s=time.monotonic() - start)
+
+
+def _preexec(parent: int, pidfile, limiter: ResourceLimiter):
+    """Runs in the child before exec: die with the worker, and record the group before any user code runs."""
+
+    def setup():
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the worker died before prctl took effect
+            os._exit(137)
+        if pidfile:
+            with open(pidfile, "w") as f:
+                f.write(str(os.getpid()))
+        if limiter.mode != "none":
+            limiter.preexec()
+
+    return setup
+
+
+def _kill_group(pgid: int):
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,148 @@
+"""A worker: claims tasks from the store under a lease, heartbeats, and runs them.
+
+A worker that stops heartbeating (killed, frozen, partitioned) loses its lease after
+`lease_ttl`; any other worker then claims the task and resumes it from the log. Writes are
+fenced by the lease, so the old worker can never write again even if it wakes up.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import os
+import socket
+import threading
+import traceback
+import uuid
+from pathlib import Path
+
+import psutil
+
+from openglm.agent.config import AgentConfig
+from openglm.agent.default_policy import ToolCallingPolicy
+from openglm.agent.hooks import Hooks, load_hooks
+from openglm.agent.loop import TaskRun, kill_leftover_commands
+from openglm.agent.models import ModelError, build_model
+from openglm.agent.snapshot import Snapshots
+from openglm.agent.store import LeaseLost, open_store
+from openglm.agent.task import TaskState, parse_constraints
+from openglm.agent.tools import ResourceLimiter, ToolBox
+
+
+class Worker:
+    def __init__(self, config: AgentConfig, store=None, worker_id: str | None = None, model=None,
+                 hooks: Hooks | None = None, policy_factory=None):
+        self.config = config
+        self.store = store or open_store(config.store_url)
+        self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.model = model
+        self.hooks = hooks if hooks is not None else load_hooks(config.hooks, config)
+        self.policy_factory = policy_factory or self._load_policy_factory()
+
+    def _load_policy_factory(self):
+        if not self.config.policy:
+            return lambda: ToolCallingPolicy(context_limit=self.config.context_limit)
+        module, _, name = self.config.policy.partition(":")
+        factory = getattr(importlib.import_module(module), name)
+        return lambda: factory(self.config)
+
+    def task_dir(self, task_id: str) -> Path:
+        return Path(self.config.data_dir) / "tasks" / task_id
+
+    def serve(self, stop: threading.Event | None = None, max_tasks: int | None = None) -> int:
+        """Claim and run tasks until `stop` is set (or `max_tasks` runs are done)."""
+        stop = stop or threading.Event()
+        done = 0
+        while not stop.is_set() and (max_tasks is None or done < max_tasks):
+            if self.run_one() is None:
+                stop.wait(self.config.poll_interval)
+            else:
+                done += 1
+        return done
+
+    def run_one(self) -> str | None:
+        task = self.store.claim(self.id, self.config.lease_ttl)
+        return None if task is None else self.run_task(task)
+
+    def run_task(self, task) -> str | None:
+        """Run a task this worker has claimed; returns the state it ended in (None if the lease was lost)."""
+        task_dir = self.task_dir(task.id)
+        task_dir.mkdir(parents=True, exist_ok=True)
+        kill_leftover_commands(task_dir)
+        constraints = parse_constraints(task.constraints)
+        limiter = ResourceLimiter(constraints.resources)
+        run = None
+        heartbeat = _Heartbeat(self, task.id)
+        try:
+            snapshots = Snapshots(task.workspace, task_dir / "snapshots.git", self.config.ignore)
+            toolbox = ToolBox(task.workspace, limiter, constraints.command_timeout_s, self.config.max_output)
+            model = self.model or build_model(task.meta.get("model") or self.config.model)
+            run = TaskRun(self.store, task, self.id, model, toolbox, snapshots, self.policy_factory(), self.hooks)
+            heartbeat.start(run.ctx)
+            return run.run()
+        except LeaseLost:
+            return None
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                return self._stop(task, run, TaskState.FAILED, f"error: {e}")
+            return self._stop(task, run, TaskState.PAUSED, f"disk full: {e}")
+        except ModelError as e:
+            return self._stop(task, run, TaskState.PAUSED, f"model unavailable: {e}")
+        except Exception as e:  # a bug or a broken workspace: fail loudly, keep the trace in the log
+            traceback.print_exc()
+            return self._stop(task, run, TaskState.FAILED, f"{type(e).__name__}: {e}")
+        finally:
+            heartbeat.stop()
+            limiter.close()
+
+    def _stop(self, task, run, state: TaskState, reason: str) -> str | None:
+        step = run.state.step if run and run.state else 0
+        snapshot = run.state.snapshot if run and run.state else ""
+        try:
+            self.store.append(task.id, [("state", max(step, 0), {"state": state.value, "reason": reason,
+                                                                   "snapshot": snapshot})],
+                              {"state": state.value, "reason": reason, "worker": "", "control": ""}, worker=self.id)
+        except (LeaseLost, OSError):
+            return None
+        return state.value
+
+
+class _Heartbeat:
+    """Extends the lease every ttl/3 and brings back pause/cancel requests and resource readings."""
+
+    def __init__(self, worker: Worker, task_id: str):
+        self.worker, self.task_id = worker, task_id
+        self._stop = threading.Event()
+        self._thread = None
+
+    def start(self, ctx):
+        self._thread = threading.Thread(target=self._loop, args=(ctx,), daemon=True, name=f"heartbeat-{self.task_id}")
+        self._thread.start()
+
+    def _loop(self, ctx):
+        interval = self.worker.config.lease_ttl / 3
+        me = psutil.Process()
+        while not self._stop.wait(interval):
+            try:
+                task = self.worker.store.heartbeat(self.task_id, self.worker.id, self.worker.config.lease_ttl)
+                ctx.control = task.control
+                readings = {"worker_cpu_percent": me.cpu_percent(), "worker_rss_bytes": me.memory_info().rss,
+                            "tools_rss_bytes": sum(_rss(c) for c in me.children(recursive=True)), **ctx.readings}
+                self.worker.store.update_task(self.task_id, {"resources": readings}, worker=self.worker.id)
+            except LeaseLost:
+                ctx.lease_lost = True
+                return
+            except Exception:  # a store hiccup: try again next beat; the lease has slack
+                continue
+
+    def stop(self):
+        self._stop.set()
+        if self._thread:
+            self._thread.join(5)
+
+
+def _rss(p) -> int:
+    try:
+        return p.memory_info().rss
+    except psutil.Error:
+        return 0

@@ -1,0 +1,32 @@
+"""Engine configuration: one typed dataclass, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    block_size: int = 16  # tokens per KV block (vLLM's --block-size)
+    num_kv_blocks: int = 512  # size of the paged KV pool, in blocks
+    max_num_seqs: int = 32  # sequences running in one step
+    max_num_batched_tokens: int = 2048  # tokens (prefill + decode) computed in one step
+    max_model_len: int | None = None  # prompt + output; defaults to the model's max_position_embeddings
+    enable_prefix_caching: bool = True  # content-hashed full blocks shared across requests (session cache)
+    session_ttl: float = 600.0  # seconds an idle cached block may stay reusable; <= 0 disables expiry
+    max_queue: int = 256  # waiting + running requests beyond which new requests are refused
+    quantization: str | None = None  # None, "int8" or "fp8"
+    dtype: str = "float32"
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_queue"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        if self.quantization not in (None, "none", "int8", "fp8"):
+            raise ValueError(f"EngineConfig.quantization must be none, int8 or fp8, got {self.quantization!r}")
+        if self.quantization == "none":
+            self.quantization = None
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"EngineConfig.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")

@@ -1,0 +1,81 @@
+"""The paged KV pool and the per-step view of it that the model sees.
+
+`KVPool` holds, for every layer and entry name (for MLA: `kv` latent, `k_pe` roped key, `index_k`
+DSA indexer key), one flat tensor of `num_blocks * block_size` slots; slot = block * block_size + offset.
+Pools are created on the first write, so any model that speaks the cache protocol works.
+
+`PagedBatchCache` implements the model's cache protocol (`get_seq_length`, `update`) for one step:
+new entries are scattered into their slots, and the batch's past entries are gathered from the
+block tables into a padded `[B, P + T, ...]` tensor. Layout per row: past right-aligned in the first
+P columns (left padding), new tokens left-aligned in the last T columns (right padding); the step's
+attention mask marks the real columns.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVPool:
+    def __init__(self, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32):
+        self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        self.num_slots = num_blocks * block_size
+        self.tensors: dict[tuple[int, str], torch.Tensor] = {}
+
+    def tensor(self, layer: int, name: str, like: torch.Tensor) -> torch.Tensor:
+        key = (layer, name)
+        pool = self.tensors.get(key)
+        if pool is None:
+            # one extra all-zero slot at the end: padding positions gather from it
+            pool = torch.zeros((self.num_slots + 1, *like.shape[2:]), dtype=self.dtype)
+            self.tensors[key] = pool
+        elif pool.shape[1:] != like.shape[2:]:
+            raise ValueError(f"cache entry {name!r} of layer {layer} has shape {tuple(like.shape[2:])}, "
+                             f"the pool holds {tuple(pool.shape[1:])}")
+        return pool
+
+    @property
+    def pad_slot(self) -> int:
+        return self.num_slots
+
+    def bytes_per_token(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in self.tensors.values())
+
+    def allocated_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+class PagedBatchCache:
+    def __init__(self, pool: KVPool, block_tables: list[list[int]], past_lens: list[int], new_lens: list[int]):
+        self.pool = pool
+        self.batch, self.past, self.new = len(past_lens), max(past_lens), max(new_lens)
+        bs, width = pool.block_size, self.past + self.new
+        # slot of every cached-or-new position of each row, laid out as the model sees the step:
+        # [pad .. past | new .. pad], padding reading the all-zero slot
+        read = torch.full((self.batch, width), pool.pad_slot, dtype=torch.long)
+        write = []
+        for row, (table, p, t) in enumerate(zip(block_tables, past_lens, new_lens)):
+            blocks = torch.tensor(table, dtype=torch.long)
+            slots = (blocks[:, None] * bs + torch.arange(bs)).flatten()[: p + t]
+            read[row, self.past - p : self.past + t] = slots
+            write.append(slots[p:])
+        self.read_index = read.flatten()
+        self.write_slots = torch.cat(write)
+        valid_new = torch.arange(self.new)[None, :] < torch.tensor(new_lens)[:, None]
+        self.write_rows = valid_new.flatten().nonzero().squeeze(1)  # into the flattened [B * T] new entries
+
+    def get_seq_length(self) -> int:
+        return self.past
+
+    def update(self, layer_idx: int, entries: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Write the new entries into their slots, then read past + new back in one gather."""
+        full = {}
+        for name, new in entries.items():
+            pool = self.pool.tensor(layer_idx, name, new)
+            flat = new.reshape(self.batch * self.new, *new.shape[2:])
+            pool[self.write_slots] = flat[self.write_rows].to(pool.dtype)
+            if self.past:
+                full[name] = pool[self.read_index].view(self.batch, self.past + self.new, *new.shape[2:]).to(new.dtype)
+            else:
+                full[name] = new
+        return full

@@ -1,0 +1,69 @@
+"""The DeepSeek Sparse Attention (DSA) lightning indexer of GLM-5.
+
+For each query it scores every visible key with a few small heads,
+    score(t, j) = sum_h w_h(x_t) * relu(q_h(t) . k(j) / sqrt(d)),   w_h = weights_proj(x_t) / sqrt(H)
+(one LayerNorm'd key head shared by all index heads, interleaved RoPE on the first
+qk_rope_head_dim dims), and keeps the `index_topk` best. Scores are computed in query
+blocks, so memory is O(block * N) rather than O(N^2).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from openglm.model.config import ModelConfig
+from openglm.model.masks import visible_mask
+from openglm.model.rope import apply_rope
+
+SCORE_BLOCK_BYTES = 1 << 20  # one block of fp32 per-head scores; small blocks reuse heap memory
+
+
+class Indexer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.head_dim, self.rope_dim = cfg.index_n_heads, cfg.index_head_dim, cfg.qk_rope_head_dim
+        self.topk = cfg.index_topk
+        self.query_chunk = cfg.attn_query_chunk
+        self.wq_b = nn.Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.hidden_size, self.head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)
+        self.weights_proj = nn.Linear(cfg.hidden_size, self.n_heads, bias=False)
+        self.softmax_scale = self.head_dim ** -0.5
+
+    def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The indexer key of each new token, [B, T, index_head_dim] (what the cache stores as `index_k`)."""
+        k = self.k_norm(self.wk(x))
+        return torch.cat([apply_rope(k[..., : self.rope_dim], cos, sin), k[..., self.rope_dim:]], dim=-1)
+
+    @torch.no_grad()
+    def select(self, x, q_resid, cos, sin, index_k, key_valid, past: int):
+        """Top-k key positions per query: (indices [B,T,k] long, valid [B,T,k] bool or None = all), or None when
+        every visible key fits in the budget (then DSA is exactly dense causal attention)."""
+        B, T, _ = x.shape
+        N = index_k.shape[1]
+        if N <= self.topk:
+            return None
+        q = self.wq_b(q_resid).view(B, T, self.n_heads, self.head_dim)
+        q = torch.cat([apply_rope(q[..., : self.rope_dim], cos, sin), q[..., self.rope_dim:]], dim=-1)
+        # weights_proj runs in fp32 (transformers keeps it fp32 too): it scales every score.
+        w = F.linear(x.float(), self.weights_proj.weight.float()) * self.n_heads ** -0.5
+        kt = index_k.float().transpose(-1, -2)  # [B, D, N]
+        block = self.query_chunk or max(1, SCORE_BLOCK_BYTES // (4 * B * self.n_heads * N))
+        indices, valid = [], []
+        for t0 in range(0, T, block):
+            t1 = min(T, t0 + block)
+            # One [s*H, D] x [D, N] product per sequence (a broadcast matmul would copy the keys per query).
+            qs = q[:, t0:t1].float().reshape(B, (t1 - t0) * self.n_heads, self.head_dim)
+            scores = torch.bmm(qs, kt).view(B, t1 - t0, self.n_heads, N)
+            scores = scores.mul_(self.softmax_scale).relu_()  # [B, s, H, N]
+            scores = torch.matmul(w[:, t0:t1].unsqueeze(-2), scores).squeeze(-2)  # [B, s, N]
+            if T == 1 and key_valid is None:  # a decode step without padding sees every key
+                indices.append(scores.topk(self.topk, dim=-1)[1])
+                return indices[0], None
+            scores = scores.masked_fill(~visible_mask(key_valid, past + t0, t1 - t0, N, B), float("-inf"))
+            top, idx = scores.topk(self.topk, dim=-1)
+            indices.append(idx)
+            valid.append(top > float("-inf"))
+        return torch.cat(indices, 1), torch.cat(valid, 1)

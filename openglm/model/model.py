@@ -1,0 +1,163 @@
+"""The GLM-5 decoder (`GlmMoeDsaForCausalLM`): embeddings, MLA/DSA + MoE layers, LM head.
+
+Parameter names equal transformers' on-disk names except the routed experts, which are stored
+stacked (see openglm/model/weights.py for the one HF <-> native mapping).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from openglm.model.attention import MLAttention
+from openglm.model.config import ModelConfig
+from openglm.model.errors import TokenIdError
+from openglm.model.masks import key_validity
+from openglm.model.moe import MLP, MoE, Experts
+from openglm.model.norm import RMSNorm
+from openglm.model.rope import RotaryEmbedding
+from openglm.model.router import Router
+
+
+@dataclass
+class MoEStats:
+    aux_loss: torch.Tensor  # weighted sum of balance losses and z-loss over MoE layers
+    losses: dict[str, torch.Tensor] = field(default_factory=dict)  # unweighted, summed over MoE layers
+    expert_counts: torch.Tensor | None = None  # [n_moe_layers, n_routed_experts]
+    dropped_fraction: float = 0.0  # assignments dropped by the capacity limit / all assignments
+
+
+@dataclass
+class CausalLMOutput:
+    logits: torch.Tensor  # [B, T, vocab]
+    aux: MoEStats | None = None
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = MLAttention(cfg, layer_idx)
+        self.mlp = MoE(cfg) if cfg.mlp_layer_types[layer_idx] == "sparse" else MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h, cos, sin, key_valid, past, cache, prev_selection, token_mask, with_stats):
+        a, selection = self.self_attn(self.input_layernorm(h), cos, sin, key_valid, past, cache, prev_selection)
+        h = h + a
+        x = self.post_attention_layernorm(h)
+        stats = None
+        if isinstance(self.mlp, MoE):
+            m, stats = self.mlp(x, token_mask, with_stats)
+        else:
+            m = self.mlp(x)
+        return h + m, selection, stats
+
+
+class GlmMoeDsaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(cfg)
+
+
+class GlmMoeDsaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = GlmMoeDsaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        if not any(p.is_meta for p in self.parameters()):
+            self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        std = self.config.initializer_range
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=std)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, Experts):
+                nn.init.normal_(m.gate_up_proj, std=std)
+                nn.init.normal_(m.down_proj, std=std)
+            elif isinstance(m, Router):
+                nn.init.normal_(m.weight, std=std)
+                m.e_score_correction_bias.zero_()
+            elif isinstance(m, (RMSNorm, nn.LayerNorm)):
+                nn.init.ones_(m.weight)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, return_aux=False):
+        self._check_ids(input_ids)
+        B, T = input_ids.shape
+        past = cache.get_seq_length() if cache is not None else 0
+        if attention_mask is not None and attention_mask.shape != (B, past + T):
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected {(B, past + T)} "
+                             "([batch, past + new tokens])")
+        if position_ids is None:
+            position_ids = default_position_ids(attention_mask, B, past, T, input_ids.device)
+        key_valid = key_validity(attention_mask)
+        h = self.model.embed_tokens(input_ids)
+        cos, sin = self.model.rotary_emb(position_ids, h.dtype)
+        token_mask = attention_mask[:, past:].reshape(-1).bool() if attention_mask is not None else None
+        selection, layer_stats = None, []
+        for layer in self.model.layers:
+            h, sel, stats = layer(h, cos, sin, key_valid, past, cache, selection, token_mask, return_aux)
+            if layer.self_attn.kind == "dsa":
+                selection = sel
+            if stats is not None:
+                layer_stats.append(stats)
+        logits = self.lm_head(self.model.norm(h))
+        return CausalLMOutput(logits, self._collect(layer_stats, h) if return_aux else None)
+
+    def _check_ids(self, input_ids: torch.Tensor) -> None:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, seq], got shape {tuple(input_ids.shape)}")
+        if input_ids.dtype not in (torch.long, torch.int, torch.int16, torch.uint8):
+            raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
+        if input_ids.numel():
+            lo, hi = int(input_ids.min()), int(input_ids.max())
+            if lo < 0 or hi >= self.config.vocab_size:
+                bad = lo if lo < 0 else hi
+                raise TokenIdError(f"input_ids contains token id {bad}, outside the vocabulary [0, "
+                                   f"{self.config.vocab_size})")
+
+    def _collect(self, layer_stats, h) -> MoEStats:
+        cfg = self.config
+        zero = h.new_zeros((), dtype=torch.float32)
+        if not layer_stats:
+            return MoEStats(zero, {}, h.new_zeros((0, cfg.n_routed_experts), dtype=torch.long), 0.0)
+        losses = {name: sum(s.losses[name] for s in layer_stats) for name in layer_stats[0].losses}
+        aux = (cfg.cv_loss_coef * (losses["cv_importance"] + losses["cv_load"])
+               + cfg.switch_loss_coef * losses["switch"] + cfg.z_loss_coef * losses["z"])
+        assigned = sum(s.assigned for s in layer_stats)
+        return MoEStats(aux + zero, losses, torch.stack([s.counts for s in layer_stats]),
+                        sum(s.dropped for s in layer_stats) / max(assigned, 1))
+
+    def save_pretrained(self, path, max_shard_size: int = 2 << 30) -> None:
+        from openglm.model.checkpoint import save_pretrained
+
+        save_pretrained(self, path, max_shard_size=max_shard_size)
+
+
+def default_position_ids(attention_mask, B, past, T, device) -> torch.Tensor:
+    """Positions count real tokens only (cumsum of the mask), so left padding does not shift them."""
+    if attention_mask is None:
+        return torch.arange(past, past + T, device=device).expand(B, T)
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.clamp(min=0)[:, past:]

@@ -1,0 +1,118 @@
+"""Feed-forward blocks: the dense SwiGLU MLP and the MoE layer (router + routed + shared experts).
+
+Routed experts are computed grouped by expert: the (token, expert) assignments are sorted by
+expert, each active expert runs one matmul over its contiguous slice, and results are scattered
+back with index_add. No expert ever sees a token not routed to it, and there is no loop over tokens.
+An optional capacity factor keeps only the first `capacity` assignments per expert (in token order).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from openglm.model.config import ModelConfig
+from openglm.model.router import Router, balance_losses
+
+ACT = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None):
+        super().__init__()
+        inter = intermediate_size or cfg.intermediate_size
+        self.gate_proj = nn.Linear(cfg.hidden_size, inter, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, inter, bias=False)
+        self.down_proj = nn.Linear(inter, cfg.hidden_size, bias=False)
+        self.act = ACT[cfg.hidden_act]
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Experts(nn.Module):
+    """Routed experts stored stacked: gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I]."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        E, H, inter = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * inter, H))
+        self.down_proj = nn.Parameter(torch.empty(E, H, inter))
+        self.act = ACT[cfg.hidden_act]
+
+    def forward(self, x, indices, weights, capacity: int | None = None):
+        """x [N,H]; indices/weights [N,k]. Returns (out [N,H], number of dropped assignments)."""
+        N, k = indices.shape
+        E = self.gate_up_proj.shape[0]
+        flat = indices.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # assignments grouped by expert, token order inside
+        counts = torch.bincount(flat, minlength=E)
+        kept, dropped = None, 0
+        if capacity is not None:
+            starts = torch.cumsum(counts, 0) - counts
+            kept = torch.arange(order.numel(), device=x.device) - starts[flat[order]] < capacity
+            dropped = int((counts - counts.clamp(max=capacity)).sum())
+            counts = counts.clamp(max=capacity)
+        rows = order if kept is None else order[kept]
+        ys = self._grouped(x[rows // k], counts.tolist())
+        if kept is not None:  # dropped assignments contribute zero
+            ys = torch.zeros(order.numel(), x.shape[1], dtype=ys.dtype, device=ys.device).index_put_((kept,), ys)
+        # Undo the sort (a gather, cheaper than a scatter-add), then a weighted sum over each token's k rows.
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        y = ys[inverse].view(N, k, -1)
+        return torch.bmm(weights.to(y.dtype).unsqueeze(1), y).squeeze(1), dropped
+
+    def _grouped(self, xs: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """One SwiGLU per active expert over its contiguous slice of the expert-sorted rows."""
+        ys = torch.empty_like(xs)
+        start = 0
+        for e, n in enumerate(counts):
+            if n:
+                gate, up = F.linear(xs[start:start + n], self.gate_up_proj[e]).chunk(2, dim=-1)
+                ys[start:start + n] = F.linear(self.act(gate) * up, self.down_proj[e])
+                start += n
+        return ys
+
+
+@dataclass
+class LayerStats:
+    losses: dict[str, torch.Tensor]
+    counts: torch.Tensor  # [E] assignments per expert (before capacity dropping), real tokens only
+    dropped: int
+    assigned: int
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_experts, self.top_k = cfg.n_routed_experts, cfg.num_experts_per_tok
+        self.capacity_factor = cfg.capacity_factor
+        self.experts = Experts(cfg)
+        self.gate = Router(cfg)
+        self.shared_experts = (MLP(cfg, cfg.moe_intermediate_size * cfg.n_shared_experts)
+                               if cfg.n_shared_experts > 0 else None)
+
+    def capacity(self, n_tokens: int) -> int | None:
+        if self.capacity_factor is None:
+            return None
+        return max(1, math.ceil(self.capacity_factor * n_tokens * self.top_k / self.n_experts))
+
+    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None, with_stats: bool = False):
+        """x [B,T,H]; token_mask [B*T] bool (real tokens) or None. Returns (out, LayerStats | None)."""
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        r = self.gate(flat)
+        out, dropped = self.experts(flat, r.indices, r.weights, self.capacity(flat.shape[0]))
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        stats = None
+        if with_stats:
+            real = r.indices if token_mask is None else r.indices[token_mask]
+            stats = LayerStats(balance_losses(r, self.n_experts, token_mask),
+                               torch.bincount(real.reshape(-1), minlength=self.n_experts), dropped, r.indices.numel())
+        return out.view(shape), stats

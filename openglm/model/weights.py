@@ -1,0 +1,87 @@
+"""The one place that maps native parameter names to Hugging Face checkpoint tensor names.
+
+Every native name equals its on-disk transformers name, except the routed experts, which openglm
+stores stacked for grouped matmuls:
+    model.layers.L.mlp.experts.gate_up_proj  [E, 2I, H]  <->  model.layers.L.mlp.experts.{e}.gate_proj.weight [I, H]
+                                                            + model.layers.L.mlp.experts.{e}.up_proj.weight   [I, H]
+    model.layers.L.mlp.experts.down_proj     [E, H, I]  <->  model.layers.L.mlp.experts.{e}.down_proj.weight [H, I]
+Checkpoints that already hold the stacked form (transformers' in-memory layout) load as is.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+
+import torch
+
+from openglm.model.errors import ShapeMismatchError
+
+_STACKED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def hf_pieces(native_name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
+    """The per-expert HF tensors (name, shape) that make up one native tensor (itself if not stacked)."""
+    m = _STACKED.match(native_name)
+    if not m:
+        return [(native_name, tuple(shape))]
+    prefix, which = m.groups()
+    E = shape[0]
+    if which == "down_proj":
+        return [(f"{prefix}.{e}.down_proj.weight", tuple(shape[1:])) for e in range(E)]
+    piece = (shape[1] // 2, shape[2])
+    return [(f"{prefix}.{e}.{p}.weight", piece) for e in range(E) for p in ("gate_proj", "up_proj")]
+
+
+def assemble(native_name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Inverse of `to_hf`: build one native tensor from its HF pieces (in `hf_pieces` order)."""
+    m = _STACKED.match(native_name)
+    if not m:
+        return tensors[0]
+    if m.group(2) == "down_proj":
+        return torch.stack(tensors)
+    return torch.stack([torch.cat(tensors[i:i + 2]) for i in range(0, len(tensors), 2)])
+
+
+def to_hf(native_name: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """Native tensor -> (HF name, tensor) pairs as transformers saves them."""
+    pieces = hf_pieces(native_name, tuple(tensor.shape))
+    if len(pieces) == 1 and pieces[0][0] == native_name:
+        yield native_name, tensor
+        return
+    if native_name.endswith("down_proj"):
+        for (name, _), t in zip(pieces, tensor.unbind(0)):
+            yield name, t
+        return
+    inter = tensor.shape[1] // 2
+    for e in range(tensor.shape[0]):
+        yield pieces[2 * e][0], tensor[e, :inter]
+        yield pieces[2 * e + 1][0], tensor[e, inter:]
+
+
+def load_native(native_name: str, shape, get: Callable[[str], torch.Tensor], has: Callable[[str], bool]):
+    """Read one native tensor through `get(hf_name)`, accepting stacked or per-expert layouts.
+    Returns (tensor, hf names used). Raises KeyError naming the first missing HF tensor."""
+    if has(native_name):
+        names = [native_name]
+        tensors = [_checked(native_name, get(native_name), tuple(shape))]
+        return tensors[0], names
+    pieces = hf_pieces(native_name, tuple(shape))
+    for name, _ in pieces:
+        if not has(name):
+            raise KeyError(name)
+    tensors = [_checked(name, get(name), piece_shape) for name, piece_shape in pieces]
+    return assemble(native_name, tensors), [name for name, _ in pieces]
+
+
+def _checked(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    if tuple(t.shape) != shape:
+        raise ShapeMismatchError(f"tensor {name!r} has shape {tuple(t.shape)}, the config implies {shape}")
+    return t
+
+
+def is_extra_layer(hf_name: str, num_hidden_layers: int) -> bool:
+    """Tensors of layers past num_hidden_layers (GLM-5's multi-token-prediction layer): ignored on load."""
+    m = _LAYER.match(hf_name)
+    return bool(m) and int(m.group(1)) >= num_hidden_layers

@@ -1,0 +1,238 @@
+"""The code knowledge base: chunks + embeddings + BM25 of one repository, on disk, updatable.
+
+    from openglm.retrieval import CodeIndex
+    CodeIndex.build("path/to/repo")                       # or update: only changed files re-embed
+    hits = CodeIndex.open("path/to/repo").search("parse a JSON number", k=5)
+    for h in hits: print(h.location, h.name, h.score)      # e.g. json/scanner.py:21-68 py_make_scanner
+
+Layout of the index directory (default `<repo>/.openglm-index`): `manifest.json` (embedder
+identity, files and their content hashes and chunk ids), `chunks.jsonl`, `vectors.*` (the FAISS
+ladder index, see vector.py). Every file is written to a temp name and renamed; the manifest
+is written last, so an interrupted build leaves the previous index readable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .chunking import Chunk, chunk_file, content_hash, decode_text, iter_source_files
+from .embedder import Embedder, EmbedderIdentity, check_identity
+from .lexical import BM25Index, reciprocal_rank_fusion
+from .vector import VectorConfig, VectorIndex, ladder_config
+
+INDEX_DIRNAME = ".openglm-index"
+FORMAT_VERSION = 1
+EXACT_UP_TO = 50_000  # below this many chunks exact search is fast enough and loses nothing
+MODES = ("hybrid", "dense", "bm25")
+
+
+@dataclass
+class Hit:
+    path: str
+    start_line: int
+    end_line: int
+    kind: str
+    name: str
+    score: float
+    text: str
+
+    @property
+    def location(self) -> str:
+        return f"{self.path}:{self.start_line}-{self.end_line}"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "location": self.location}
+
+
+@dataclass
+class UpdateStats:
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    unchanged: int = 0
+    chunks_embedded: int = 0
+    total_chunks: int = 0
+
+
+class CodeIndex:
+    def __init__(self, index_dir: Path, repo: Path, manifest: dict, chunks: dict[int, Chunk],
+                 vectors: VectorIndex | None, embedder: Embedder | None):
+        self.index_dir, self.repo, self.manifest = index_dir, repo, manifest
+        self.chunks, self.vectors, self._embedder = chunks, vectors, embedder
+        self._bm25: tuple[BM25Index, list[int]] | None = None
+
+    # ---- opening and building -----------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path, embedder: Embedder | None = None) -> "CodeIndex":
+        """Open an index directory, or the default index of a repository."""
+        path = Path(path)
+        index_dir = path if (path / "manifest.json").exists() else path / INDEX_DIRNAME
+        manifest_path = index_dir / "manifest.json"
+        if not manifest_path.exists():
+            raise FileNotFoundError(f"no code index at {path} (looked for {manifest_path}); "
+                                    f"build one with `openglm index build {path}`")
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("version") != FORMAT_VERSION:
+            raise ValueError(f"{manifest_path}: index format {manifest.get('version')}, expected {FORMAT_VERSION}")
+        if embedder is not None:
+            check_identity(manifest["embedder"], embedder.identity, str(index_dir))
+        chunks = {}
+        for line in (index_dir / "chunks.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            cid = row.pop("id")
+            chunks[cid] = Chunk(**row)
+        vectors = VectorIndex.load(index_dir) if chunks else None
+        return cls(index_dir, Path(manifest["repo"]), manifest, chunks, vectors, embedder)
+
+    @classmethod
+    def build(cls, repo: str | Path, index_dir: str | Path | None = None, embedder: Embedder | None = None,
+              model_path: str | Path | None = None, progress: bool = False) -> tuple["CodeIndex", UpdateStats]:
+        """Create the index of `repo`, or bring an existing one up to date (incrementally)."""
+        repo = Path(repo).resolve()
+        if not repo.is_dir():
+            raise FileNotFoundError(f"repository path {repo} does not exist or is not a directory")
+        index_dir = Path(index_dir) if index_dir else repo / INDEX_DIRNAME
+        if (index_dir / "manifest.json").exists():
+            index = cls.open(index_dir, embedder)
+            if index.repo != repo:
+                raise ValueError(f"index {index_dir} belongs to {index.repo}, not {repo}")
+        else:
+            embedder = embedder or Embedder(model_path)
+            manifest = {"version": FORMAT_VERSION, "repo": str(repo), "model_path": str(embedder.model_path),
+                        "embedder": embedder.identity.to_dict(), "files": {}}
+            index = cls(index_dir, repo, manifest, {}, None, embedder)
+        return index, index.update(progress=progress)
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            ident = EmbedderIdentity.from_dict(self.manifest["embedder"])
+            self._embedder = Embedder(self.manifest["model_path"], max_seq_length=ident.max_seq_length)
+            check_identity(ident, self._embedder.identity, str(self.index_dir))
+        return self._embedder
+
+    # ---- incremental update -------------------------------------------------------------
+    def _scan(self) -> dict[str, tuple[str, str]]:
+        """rel path -> (content hash, text) of every indexable file in the repository."""
+        found = {}
+        for path in iter_source_files(self.repo):
+            if self.index_dir.resolve() in path.resolve().parents:
+                continue
+            data = path.read_bytes()
+            text = decode_text(data)
+            if text is not None and text.strip():
+                found[path.relative_to(self.repo).as_posix()] = (content_hash(data), text)
+        return found
+
+    def update(self, progress: bool = False) -> UpdateStats:
+        found = self._scan()
+        if not found:
+            raise ValueError(f"repository {self.repo} has no indexable text files "
+                             f"(looked for .py, .md, .txt, ... outside hidden and build folders)")
+        files, stats = self.manifest["files"], UpdateStats()
+        stale: list[int] = []
+        for rel in sorted(set(files) - set(found)):
+            stats.removed.append(rel)
+            stale += files.pop(rel)["chunk_ids"]
+        new_chunks: list[Chunk] = []
+        owners: list[str] = []
+        for rel, (digest, text) in sorted(found.items()):
+            if rel in files and files[rel]["hash"] == digest:
+                stats.unchanged += 1
+                continue
+            (stats.changed if rel in files else stats.added).append(rel)
+            if rel in files:
+                stale += files[rel]["chunk_ids"]
+            file_chunks = chunk_file(rel, text)
+            files[rel] = {"hash": digest, "chunk_ids": []}
+            new_chunks += file_chunks
+            owners += [rel] * len(file_chunks)
+        if not stale and not new_chunks and self.vectors is not None:
+            stats.total_chunks = len(self.chunks)
+            return stats
+        for cid in stale:
+            self.chunks.pop(cid, None)
+        emb = self.embedder.encode([c.embed_text() for c in new_chunks], progress=progress)
+        self._update_vectors(stale, new_chunks, owners, emb)
+        stats.chunks_embedded, stats.total_chunks = len(new_chunks), len(self.chunks)
+        self._bm25 = None
+        self.save()
+        return stats
+
+    def _update_vectors(self, stale: list[int], new_chunks, owners, emb: np.ndarray) -> None:
+        n_after = len(self.chunks) + len(new_chunks)
+        config = self._config_for(n_after, emb.shape[1])
+        if self.vectors is None or self.vectors.config.nlist != config.nlist:
+            # First build, or the repository crossed the exact-search size: re-index everything
+            # from the stored vectors (nothing is re-embedded).
+            keep = sorted(self.chunks)
+            old = self.vectors.vectors[keep] if keep else np.zeros((0, emb.shape[1]), np.float32)
+            old_chunks = [self.chunks[i] for i in keep]
+            self.vectors = VectorIndex(emb.shape[1], config)
+            ids = self.vectors.add(np.concatenate([old, emb])) if n_after else []
+            self.chunks = dict(zip(map(int, ids), old_chunks + list(new_chunks)))
+            for rel in self.manifest["files"]:
+                self.manifest["files"][rel]["chunk_ids"] = []
+            for cid, chunk in self.chunks.items():
+                self.manifest["files"][chunk.path]["chunk_ids"].append(cid)
+            return
+        self.vectors.remove(stale)
+        ids = self.vectors.add(emb) if len(emb) else []
+        for cid, chunk, rel in zip(map(int, ids), new_chunks, owners):
+            self.chunks[cid] = chunk
+            self.manifest["files"][rel]["chunk_ids"].append(cid)
+
+    @staticmethod
+    def _config_for(n: int, dim: int) -> VectorConfig:
+        if n <= EXACT_UP_TO:
+            return VectorConfig(metric="ip")
+        return ladder_config("rerank", n, dim, metric="ip", rerank=8)
+
+    def save(self) -> None:
+        self.index_dir.mkdir(parents=True, exist_ok=True)
+        self.vectors.save(self.index_dir)
+        rows = "".join(json.dumps({"id": cid, **asdict(c)}) + "\n" for cid, c in sorted(self.chunks.items()))
+        _write_atomic(self.index_dir / "chunks.jsonl", rows)
+        _write_atomic(self.index_dir / "manifest.json", json.dumps(self.manifest, indent=1))
+
+    # ---- search -------------------------------------------------------------------------
+    def search(self, query: str, k: int = 10, mode: str = "hybrid") -> list[Hit]:
+        """The k best chunks for a natural-language or identifier query."""
+        if mode not in MODES:
+            raise ValueError(f"unknown search mode {mode!r}; modes: {MODES}")
+        if not query.strip():
+            raise ValueError("empty query")
+        if mode == "dense":
+            ranked = self._dense(query, k)
+        elif mode == "bm25":
+            ranked = self._lexical(query, k)
+        else:  # fuse two deeper candidate pools
+            pool = max(k * 5, 50)
+            dense, lexical = self._dense(query, pool), self._lexical(query, pool)
+            ranked = reciprocal_rank_fusion([[i for i, _ in dense], [i for i, _ in lexical]], k)
+        return [Hit(**asdict(self.chunks[cid]), score=float(s)) for cid, s in ranked[:k]]
+
+    def _dense(self, query: str, k: int) -> list[tuple[int, float]]:
+        q = self.embedder.encode([query])
+        scores, ids = self.vectors.search(q, min(k, self.vectors.ntotal))
+        return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
+
+    def _lexical(self, query: str, k: int) -> list[tuple[int, float]]:
+        if self._bm25 is None:
+            order = sorted(self.chunks)
+            chunks = [self.chunks[i] for i in order]
+            self._bm25 = (BM25Index([c.text for c in chunks], [f"{c.path} {c.name}" for c in chunks]), order)
+        bm25, order = self._bm25
+        scores, rows = bm25.search(query, k)
+        return [(order[r], float(s)) for r, s in zip(rows, scores)]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

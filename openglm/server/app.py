@@ -1,0 +1,102 @@
+"""The FastAPI application: routes, API-key check and OpenAI-style error handling.
+
+`create_app(engine, ...)` wires an `LLMEngine` behind the OpenAI API; the engine runs in its own
+thread, started and stopped with the app's lifespan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from openglm.server.async_engine import AsyncEngine
+from openglm.server.errors import APIError, validation_message
+from openglm.server.metrics import ServerMetrics
+from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
+from openglm.server.serving import OpenAIServing
+
+def create_app(engine, model_name: str, api_key: str | None = None, max_queue: int | None = None) -> FastAPI:
+    metrics = ServerMetrics()
+    async_engine = AsyncEngine(engine, max_queue or engine.config.max_queue, metrics)
+    vocab = getattr(engine.runner.model.config, "vocab_size", None) or engine.tokenizer.vocab_size
+    serving = OpenAIServing(async_engine, engine.tokenizer, model_name, engine.max_model_len, vocab)
+    metrics.observe_engine(engine)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        async_engine.start()
+        yield
+        async_engine.shutdown()
+
+    app = FastAPI(title="openglm", lifespan=lifespan)
+    app.state.engine, app.state.async_engine, app.state.metrics = engine, async_engine, metrics
+
+    # A dependency rather than an HTTP middleware: Starlette's BaseHTTPMiddleware wraps `receive`,
+    # which hides client disconnects from the handlers (and then aborts would never happen).
+    async def check_api_key(request: Request):
+        if api_key:
+            given = request.headers.get("authorization", "")
+            token = given[7:] if given.lower().startswith("bearer ") else ""
+            if not secrets.compare_digest(token.encode(), api_key.encode()):
+                msg = "missing API key" if not given else "invalid API key"
+                raise APIError(401, f"{msg}: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError):
+        metrics.errors.labels(status=str(exc.status)).inc()
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError):
+        message, param = validation_message(exc.errors())
+        return await api_error(request, APIError(400, message, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        return await api_error(request, APIError(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        return await api_error(request, APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+
+    @app.get("/health")
+    async def health():
+        if async_engine.error is not None or not async_engine.thread.is_alive():
+            return JSONResponse({"status": "error"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def model_card() -> dict:
+        return {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "openglm",
+                "max_model_len": engine.max_model_len}
+
+    @v1.get("/models")
+    async def list_models():
+        return {"object": "list", "data": [model_card()]}
+
+    @v1.get("/models/{name:path}")
+    async def get_model(name: str):
+        serving.check_model(name)
+        return model_card()
+
+    @v1.post("/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        return await serving.completions(req, request)
+
+    @v1.post("/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
+        return await serving.chat(req, request)
+
+    app.include_router(v1)
+    return app

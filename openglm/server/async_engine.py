@@ -1,0 +1,200 @@
+"""Drive an LLMEngine from a background thread for many concurrent asyncio requests.
+
+Handlers never touch the engine: they post commands (add / abort) to a thread-safe queue and read
+their outputs from an asyncio.Queue that the engine thread feeds with `call_soon_threadsafe`. The
+event loop therefore never waits on a model step, and the engine is only ever used by one thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+import traceback
+from typing import AsyncIterator, Awaitable, Callable
+
+from openglm.engine.llm_engine import LLMEngine
+from openglm.engine.outputs import RequestOutput
+from openglm.engine.sampling_params import SamplingParams
+from openglm.server.errors import APIError
+
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, max_queue: int = 256, metrics=None):
+        self.engine = engine
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self.commands: queue.Queue = queue.Queue()
+        self.streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="openglm-engine", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> "AsyncEngine":
+        self.thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self.commands.put(("wake",))
+        self.thread.join(timeout=10)
+
+    @property
+    def num_active(self) -> int:
+        return len(self.streams)
+
+    # ---- called from the event loop --------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: SamplingParams,
+               is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> "RequestStream":
+        """Queue a request now (so overload is refused with 429 before any response starts) and
+        return the stream of its outputs."""
+        if self.error is not None:
+            raise APIError(503, f"the engine has stopped: {self.error}")
+        if len(self.streams) >= self.max_queue:
+            raise APIError(429, f"the server is at capacity ({self.max_queue} requests in flight); retry later",
+                           code="rate_limit_exceeded")
+        request_id = f"r{next(self._ids)}"
+        out_q: asyncio.Queue = asyncio.Queue()
+        self.streams[request_id] = (asyncio.get_running_loop(), out_q)
+        self.commands.put(("add", request_id, prompt_ids, params))
+        return RequestStream(self, request_id, out_q, is_disconnected)
+
+    def release(self, request_id: str) -> None:
+        """The consumer is gone: stop the request and free its blocks (idempotent)."""
+        if self.streams.pop(request_id, None) is not None:
+            self.commands.put(("abort", request_id))
+
+    # ---- the engine thread -------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._drain(block=not self.engine.has_unfinished())
+                if self.engine.has_unfinished():
+                    self._step()
+            except Exception as exc:  # noqa: BLE001 - a bug must fail requests, not hang them
+                traceback.print_exc()
+                self.error = exc
+                for rid in list(self.streams):
+                    self._send(rid, APIError(500, f"engine failure: {exc}"))
+                    self.engine.abort(rid)
+                self.error = None if self._recover() else exc
+
+    def _drain(self, block: bool) -> None:
+        try:
+            cmd = self.commands.get(timeout=0.5) if block else self.commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(cmd)
+            try:
+                cmd = self.commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, cmd: tuple) -> None:
+        if cmd[0] == "add":
+            _, rid, prompt_ids, params = cmd
+            if rid not in self.streams:  # the client left before we got to it
+                return
+            try:
+                self.engine.add_request(prompt_ids, params, request_id=rid)
+            except ValueError as exc:
+                self._send(rid, APIError(400, str(exc)))
+        elif cmd[0] == "abort":
+            self._abort(cmd[1])
+        if self.metrics is not None:
+            self.metrics.observe_engine(self.engine)
+
+    def _step(self) -> None:
+        outputs = self.engine.step()
+        for out in outputs:
+            if out.finished and self.metrics is not None:
+                self._record(out)
+            self._send(out.request_id, out)
+        if self.metrics is not None:
+            self.metrics.observe_engine(self.engine)
+
+    def _record(self, out: RequestOutput) -> None:
+        m, t = self.metrics, out.metrics
+        if t.get("first_token_time") is not None:
+            m.ttft.observe(t["first_token_time"] - t["arrival_time"])
+        m.e2e.observe(time.monotonic() - t["arrival_time"])
+        m.prompt_tokens.inc(len(out.prompt_token_ids))
+        for c in out.outputs:
+            m.gen_tokens.inc(len(c.token_ids))
+            m.requests.labels(finish_reason=c.finish_reason or "unknown").inc()
+
+    def _send(self, request_id: str, item) -> None:
+        target = self.streams.get(request_id)
+        if target is None:
+            if not isinstance(item, BaseException) and not getattr(item, "finished", True):
+                self._abort(request_id)  # nobody is listening any more
+            return
+        loop, out_q = target
+        try:
+            loop.call_soon_threadsafe(out_q.put_nowait, item)
+        except RuntimeError:  # the loop has closed
+            self._abort(request_id)
+
+    def _abort(self, request_id: str) -> None:
+        if self.engine.abort(request_id) and self.metrics is not None:
+            self.metrics.requests.labels(finish_reason="abort").inc()
+
+    def _recover(self) -> bool:
+        """After a failed step nothing may hold blocks: abort everything that is left."""
+        for rid in list(self.engine.requests):
+            self.engine.abort(rid)
+        return True
+
+
+class RequestStream:
+    """Async iterator over one request's outputs; leaving it early (break, cancellation, client
+    disconnect) aborts the request."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, out_q: asyncio.Queue, is_disconnected=None):
+        self.engine, self.request_id, self.out_q = engine, request_id, out_q
+        self.is_disconnected = is_disconnected
+        self.finished = False
+        self._checked = time.monotonic()
+
+    def close(self) -> None:
+        if not self.finished:
+            self.engine.release(self.request_id)
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while not self.finished:
+                item = await self._next()
+                if item is None:  # client disconnected
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                self.finished = item.finished
+                yield item
+        finally:
+            if self.finished:
+                self.engine.streams.pop(self.request_id, None)
+            self.close()
+
+    async def _next(self):
+        if self.is_disconnected is None:
+            return await self.out_q.get()
+        while True:
+            # outputs may arrive every few ms, so look for a departed client on a clock, not on idleness
+            now = time.monotonic()
+            if now - self._checked >= DISCONNECT_POLL_S:
+                self._checked = now
+                if await self.is_disconnected():
+                    return None
+            try:
+                return await asyncio.wait_for(self.out_q.get(), timeout=DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                continue

@@ -1,0 +1,125 @@
+"""Engine outputs -> OpenAI response bodies and stream chunks (completions and chat)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+
+@dataclass
+class Meta:
+    id: str
+    created: int
+    model: str
+    tokenizer: object
+
+    def head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _usage_of(finals) -> dict:
+    prompt = sum(len(o.prompt_token_ids) for o in finals)
+    gen = sum(len(c.token_ids) for o in finals for c in o.outputs)
+    return usage(prompt, gen, sum(o.num_cached_tokens for o in finals))
+
+
+# ---- logprobs ---------------------------------------------------------------------------------------
+def completion_logprobs(meta: Meta, entries: list[dict], offset: int) -> dict:
+    tokens, lps, tops, offsets = [], [], [], []
+    for e in entries:
+        text = meta.token_text(e["token_id"])
+        tokens.append(text)
+        lps.append(e["logprob"])
+        tops.append({meta.token_text(t): lp for t, lp in e["top"]})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_logprobs(meta: Meta, entries: list[dict]) -> dict:
+    def item(token_id, lp):
+        text = meta.token_text(token_id)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [{**item(e["token_id"], e["logprob"]),
+                         "top_logprobs": [item(t, lp) for t, lp in e["top"]]} for e in entries]}
+
+
+# ---- completions ------------------------------------------------------------------------------------
+def completion_body(meta: Meta, finals, n: int, echo: list[str]) -> dict:
+    choices = []
+    for i, out in enumerate(finals):
+        for c in out.outputs:
+            lp = completion_logprobs(meta, c.logprobs, len(echo[i])) if c.logprobs is not None else None
+            choices.append({"index": i * n + c.index, "text": echo[i] + c.text, "logprobs": lp,
+                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+    choices.sort(key=lambda ch: ch["index"])
+    return {**meta.head("text_completion"), "choices": choices, "usage": _usage_of(finals)}
+
+
+async def completion_stream(meta: Meta, outputs: AsyncIterator, n: int, echo: list[str],
+                            include_usage: bool) -> AsyncIterator[dict]:
+    finals, sent_echo, done = {}, set(), set()
+    extra = {"usage": None} if include_usage else {}
+    async for i, out in outputs:
+        for c in out.outputs:
+            idx = i * n + c.index
+            text = c.delta_text
+            if echo[i] and idx not in sent_echo:
+                text = echo[i] + text
+                sent_echo.add(idx)
+            if idx in done or (not text and not c.delta_token_ids and not c.finished):
+                continue
+            if c.finished:
+                done.add(idx)
+            lp = None
+            if c.logprobs is not None:
+                lp = completion_logprobs(meta, c.delta_logprobs, len(c.text) - len(c.delta_text))
+            yield {**meta.head("text_completion"), **extra,
+                   "choices": [{"index": idx, "text": text, "logprobs": lp,
+                                "finish_reason": c.finish_reason if c.finished else None}]}
+        if out.finished:
+            finals[i] = out
+    if include_usage:
+        yield {**meta.head("text_completion"), "choices": [], "usage": _usage_of(list(finals.values()))}
+
+
+# ---- chat -------------------------------------------------------------------------------------------
+def chat_body(meta: Meta, final) -> dict:
+    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                "logprobs": chat_logprobs(meta, c.logprobs) if c.logprobs is not None else None,
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in final.outputs]
+    return {**meta.head("chat.completion"), "choices": choices, "usage": _usage_of([final])}
+
+
+async def chat_stream(meta: Meta, outputs: AsyncIterator, n: int, include_usage: bool) -> AsyncIterator[dict]:
+    extra = {"usage": None} if include_usage else {}
+    for idx in range(n):  # the role comes first, as OpenAI sends it
+        yield {**meta.head("chat.completion.chunk"), **extra,
+               "choices": [{"index": idx, "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None, "finish_reason": None}]}
+    final, done = None, set()
+    async for _, out in outputs:
+        for c in out.outputs:
+            if c.index in done or (not c.delta_text and not c.finished and not c.delta_logprobs):
+                continue
+            if c.finished:
+                done.add(c.index)
+            lp = chat_logprobs(meta, c.delta_logprobs) if c.logprobs is not None else None
+            delta = {"content": c.delta_text} if c.delta_text else {}
+            yield {**meta.head("chat.completion.chunk"), **extra,
+                   "choices": [{"index": c.index, "delta": delta, "logprobs": lp,
+                                "finish_reason": c.finish_reason if c.finished else None}]}
+        if out.finished:
+            final = out
+    if include_usage and final is not None:
+        yield {**meta.head("chat.completion.chunk"), "choices": [], "usage": _usage_of([final])}

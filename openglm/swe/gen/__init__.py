@@ -1,0 +1,1 @@
+"""Bug-injection benchmark generator: real PyPI packages, one AST mutation per instance."""

@@ -1,0 +1,212 @@
+"""Generate SWE-bench-format instances by injecting one bug into a real PyPI package.
+
+Per package: download the pinned sdist (pip, PyPI), make it a git repo, run its suite once with
+per-test coverage, then try AST mutations of covered functions. A mutant is kept only if at least
+one test fails and every other test that executes the mutated line still passes; it is
+stored as a commit (the instance's base_commit) and the inverse diff becomes the gold patch.
+Everything lives under the cache folder (default .bench/swe-gen); reruns reuse it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from openglm.swe.code import CodeIndex, is_test_path
+from openglm.swe.gen.mutate import Mutation, functions_with_qualnames, mutations_of
+from openglm.swe.gen.packages import PackageSpec
+from openglm.swe.gitutil import commit_file_change, git, init_repo, unified_diff
+from openglm.swe.testrun import per_test_lines, run_pytest
+
+
+@dataclass
+class GenConfig:
+    out_dir: Path = Path(".bench/swe-gen")
+    per_package: int = 25
+    seed: int = 0
+    max_tries_per_function: int = 3
+    max_failing: int = 50  # mutants breaking more tests than this are too blunt to be interesting
+
+
+def fetch_package(spec: PackageSpec, out_dir: Path) -> tuple[Path, str]:
+    """Download + unpack the sdist into a git repo (once); returns (repo path, pristine commit)."""
+    repo = out_dir / "repos" / f"pypi__{spec.slug}"
+    if (repo / ".git").exists():
+        # an interrupted run may have left a mutant in the work tree: back to the pristine sdist
+        git(repo, "reset", "-q", "--hard")
+        git(repo, "clean", "-q", "-fdx")
+        return repo, git(repo, "rev-list", "--max-parents=0", "HEAD").strip()
+    sdists = out_dir / "sdists"
+    sdists.mkdir(parents=True, exist_ok=True)
+    archive = next(sdists.glob(f"{spec.name.replace('-', '?')}-{spec.version}.tar.gz"), None)
+    if archive is None:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary",
+                        ":all:", "-d", str(sdists), f"{spec.name}=={spec.version}"], check=True)
+        archive = next(sdists.glob(f"{spec.name.replace('-', '?')}-{spec.version}.tar.gz"))
+    tmp = repo.with_suffix(".tmp")
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp, filter="data")
+    (top,) = list(tmp.iterdir())
+    sha = init_repo(top, f"{spec.slug} from its PyPI sdist")
+    top.rename(repo)
+    tmp.rmdir()
+    return repo, sha
+
+
+def _problem_statement(spec: PackageSpec, failed: list[str], results: dict) -> str:
+    first = failed[0]
+    trace = results[first]["longrepr"].strip().splitlines()
+    if len(trace) > 40:
+        trace = ["..."] + trace[-40:]
+    more = f" ({len(failed) - 1} other test(s) fail too)" if len(failed) > 1 else ""
+    body = "\n".join(trace)
+    return (f"{spec.name} {spec.version}: `{first}` fails{more}.\n\n"
+            f"Running the test suite gives:\n\n```\n{body}\n```\n")
+
+
+class PackageMiner:
+    def __init__(self, spec: PackageSpec, config: GenConfig):
+        self.spec, self.config = spec, config
+        self.repo, self.pristine = fetch_package(spec, config.out_dir)
+        base = run_pytest(self.repo, list(spec.tests), coverage_source=list(spec.source))
+        self.passing = set(base.passed)
+        if not self.passing:
+            raise RuntimeError(f"{spec.slug}: no test passes on the pristine sdist:\n{base.output[-2000:]}")
+        # (file, line) -> passing tests that execute it
+        self.line_tests: dict[tuple[str, int], set[str]] = {}
+        index = CodeIndex(self.repo)
+        for path, by_test in per_test_lines(base.coverage_file).items():
+            rel = index.rel(path)
+            for test, lines in by_test.items():
+                if test in self.passing:
+                    for line in lines:
+                        self.line_tests.setdefault((rel, line), set()).add(test)
+
+    def covering_tests(self, rel: str, line: int) -> set[str]:
+        return self.line_tests.get((rel, line), set())
+
+    def candidates(self) -> list[tuple[str, str, list[Mutation]]]:
+        """(file, function qualname, its mutations on covered lines) for every covered function."""
+        out = []
+        index = CodeIndex(self.repo)
+        for rel, source in sorted(index.sources.items()):
+            if is_test_path(rel) or not any(rel == s or rel.startswith(s + "/") for s in self.spec.source):
+                continue
+            for qual, node in functions_with_qualnames(ast.parse(source)):
+                muts = [m for m in mutations_of(source, node)
+                        if self.covering_tests(rel, m.line)]
+                if muts:
+                    out.append((rel, qual, muts))
+        return out
+
+    def try_mutation(self, rel: str, mutation: Mutation) -> dict | None:
+        """Apply, run the tests that execute the mutated line, restore; the verdict or None.
+        Tests that never reach the line behave exactly as before, so they need not run."""
+        path = self.repo / rel
+        clean = path.read_text()
+        buggy = mutation.apply(clean)
+        try:
+            compile(buggy, rel, "exec")
+        except SyntaxError:
+            return None
+        expected = self.covering_tests(rel, mutation.line)
+        path.write_text(buggy)
+        try:
+            run = run_pytest(self.repo, sorted(expected), timeout=20)
+        finally:
+            path.write_text(clean)
+        failed = [t for t in run.failed if t in expected]
+        passed = [t for t in run.passed if t in expected]
+        if run.timed_out or not failed or len(failed) > self.config.max_failing:
+            return None
+        if len(failed) + len(passed) != len(expected):
+            return None  # a test vanished (collection broke) or was skipped: not a clean mutant
+        return {"buggy": buggy, "clean": clean, "failed": failed, "passed": passed, "results": run.results}
+
+    def mine(self, start_id: int = 0) -> list[dict]:
+        rng = random.Random(f"{self.config.seed}-{self.spec.slug}")
+        pool = self.candidates()
+        rng.shuffle(pool)
+        instances: list[dict] = []
+        bar = tqdm(total=self.config.per_package, desc=self.spec.slug, unit="inst", leave=False)
+        for rel, qual, muts in pool:
+            if len(instances) >= self.config.per_package:
+                break
+            by_kind: dict[str, list[Mutation]] = {}
+            for m in muts:
+                by_kind.setdefault(m.kind, []).append(m)
+            for _ in range(self.config.max_tries_per_function):
+                kind = rng.choice(sorted(by_kind))  # kinds first, so off-by-ones do not dominate
+                m = rng.choice(by_kind[kind])
+                verdict = self.try_mutation(rel, m)
+                if verdict:
+                    instances.append(self.instance(rel, qual, m, verdict, start_id + len(instances)))
+                    bar.update(1)
+                    break
+        bar.close()
+        return instances
+
+    def instance(self, rel: str, qual: str, m: Mutation, v: dict, number: int) -> dict:
+        iid = f"{self.spec.name}-{number:04d}"
+        base = commit_file_change(self.repo, self.pristine, rel, v["buggy"], f"inject {m.kind} in {qual}",
+                                  f"refs/openglm/{iid}")
+        lines = [m.line] if m.kind != "drop_statement" else [max(m.line - 1, 1), m.line]
+        return {
+            "instance_id": iid,
+            "repo": f"pypi/{self.spec.slug}",
+            "base_commit": base,
+            "environment_setup_commit": base,
+            "version": self.spec.version,
+            "created_at": "2025-01-01T00:00:00Z",
+            "problem_statement": _problem_statement(self.spec, v["failed"], v["results"]),
+            "hints_text": "",
+            "patch": unified_diff(rel, v["buggy"], v["clean"]),
+            "test_patch": "",
+            "FAIL_TO_PASS": v["failed"],
+            "PASS_TO_PASS": v["passed"],
+            # openglm extension: where the bug is, for the localisation benchmark
+            "openglm_bug": {"file": rel, "function": qual, "lines": lines, "kind": m.kind,
+                            "description": m.description},
+        }
+
+
+def generate(specs: list[PackageSpec], config: GenConfig) -> Path:
+    """Mine every package (cached per package) and write instances.jsonl + queries.jsonl."""
+    out = config.out_dir
+    (out / "instances").mkdir(parents=True, exist_ok=True)
+    everything = []
+    for spec in specs:
+        cache = out / "instances" / f"{spec.slug}.seed{config.seed}.n{config.per_package}.json"
+        if cache.exists():
+            mined = json.loads(cache.read_text())
+        else:
+            mined = PackageMiner(spec, config).mine()
+            _write(cache, json.dumps(mined, indent=1))
+        print(f"{spec.slug}: {len(mined)} instances", file=sys.stderr)
+        everything += mined
+    _write(out / "instances.jsonl", "".join(json.dumps(i) + "\n" for i in everything))
+    return out / "instances.jsonl"
+
+
+def export_queries(instances: list[dict], path: Path) -> None:
+    """Problem statements with the buggy file/function, for the retrieval engineer's evaluation."""
+    rows = [{"instance_id": i["instance_id"], "repo": i["repo"], "base_commit": i["base_commit"],
+             "query": i["problem_statement"], "file": i["openglm_bug"]["file"],
+             "function": i["openglm_bug"]["function"], "lines": i["openglm_bug"]["lines"]}
+            for i in instances if "openglm_bug" in i]
+    _write(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

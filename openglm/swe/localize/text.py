@@ -1,0 +1,78 @@
+"""Text similarity between the issue statement and the code: BM25 over functions, whose
+identifiers are split (camelCase, snake_case) so `parse_version` in the issue meets `parseVersion`.
+Line scores inside a function count the query words each line shares."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+
+from openglm.swe.code import CodeIndex, is_test_path
+
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+_CAMEL = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+STOP = set("""a an and are as at be by for from has have in is it its of on or that the this to was
+were will with not no but if else def self return none true false import class assert test tests
+expected got error line file py""".split())
+
+
+def tokens(text: str) -> list[str]:
+    out = []
+    for word in _WORD.findall(text):
+        parts = [p.lower() for piece in word.split("_") for p in _CAMEL.findall(piece)]
+        for t in [word.lower(), *parts] if len(parts) > 1 else parts:
+            if len(t) > 1 and t not in STOP:
+                out.append(t)
+    return out
+
+
+def bm25(query: list[str], docs: dict[str, list[str]], k1: float = 1.2, b: float = 0.75
+         ) -> dict[str, float]:
+    if not docs:
+        return {}
+    n = len(docs)
+    avg = sum(len(d) for d in docs.values()) / n or 1.0
+    df = Counter(t for d in docs.values() for t in set(d))
+    q = Counter(query)
+    scores = {}
+    for key, doc in docs.items():
+        tf = Counter(doc)
+        s = 0.0
+        for t, qn in q.items():
+            if t not in tf:
+                continue
+            idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+            s += qn * idf * tf[t] * (k1 + 1) / (tf[t] + k1 * (1 - b + b * len(doc) / avg))
+        if s > 0:
+            scores[key] = s
+    return scores
+
+
+def text_scores(index: CodeIndex, issue: str, top_functions: int = 20) -> dict[str, dict[str, float]]:
+    scores: dict[str, dict[str, float]] = {"files": {}, "functions": {}, "lines": {}}
+    query = tokens(issue)
+    if not query:
+        return scores
+    docs, spans = {}, {}
+    for rel, fns in index.functions.items():
+        if is_test_path(rel):
+            continue
+        lines = index.sources[rel].splitlines()
+        for f in fns:
+            # The name counts twice: it is the most telling part of a function's text.
+            docs[f.key] = tokens(f.qualname) * 2 + tokens("\n".join(lines[f.start - 1:f.end]))
+            spans[f.key] = (rel, f.start, lines[f.start - 1:f.end])
+    scores["functions"] = bm25(query, docs)
+    for key, s in scores["functions"].items():
+        rel = spans[key][0]
+        scores["files"][rel] = max(scores["files"].get(rel, 0.0), s)
+    qset = set(query)
+    best = sorted(scores["functions"], key=scores["functions"].get, reverse=True)[:top_functions]
+    for key in best:
+        rel, start, body = spans[key]
+        for i, text in enumerate(body):
+            shared = len(qset.intersection(tokens(text)))
+            if shared:
+                scores["lines"][f"{rel}:{start + i}"] = shared * scores["functions"][key]
+    return scores

@@ -1,0 +1,88 @@
+"""`openglm swe-solve`: run the four-phase policy on SWE-bench-format instances and write
+predictions (instance_id, model_name_or_path, model_patch) for `openglm swe-eval`.
+
+Each instance is checked out at its base_commit (as the harness does), submitted to the agent
+runtime as a task with the problem statement as objective, and run to the end by an in-process
+worker with the SWE policy. The prediction is `git diff base_commit` of the workspace, test files
+left out by default (the instance's test_patch brings the official tests). Finished instances are
+skipped on a rerun.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from openglm.swe.code import is_test_path
+from openglm.swe.gitutil import git
+from openglm.swe.harness.env import checkout
+
+
+@dataclass
+class SolveConfig:
+    out_dir: Path = Path("runs/swe-solve")
+    repos_dir: Path = Path(".bench/swe-gen/repos")
+    model: dict | None = None  # {"base_url", "model", "api_key"} or {"replay": path}
+    model_name: str = "openglm-swe-policy"
+    timeout: str = "60m"
+    reveal_tests: bool = False  # tell the agent the FAIL_TO_PASS ids (off: SWE-bench does not)
+    keep_tests: bool = False
+
+
+def objective(instance: dict, reveal_tests: bool) -> str:
+    text = f"Resolve this issue in the repository ({instance['repo']}):\n\n{instance['problem_statement']}"
+    if reveal_tests:
+        text += "\n\nTests that must pass afterwards: " + ", ".join(instance["FAIL_TO_PASS"])
+    return text
+
+
+def prediction_patch(workspace: Path, base: str, keep_tests: bool) -> str:
+    git(workspace, "add", "-A")
+    files = [f for f in git(workspace, "diff", "--cached", "--name-only", base).split()
+             if keep_tests or not is_test_path(f)]
+    return git(workspace, "diff", "--cached", base, "--", *files) if files else ""
+
+
+def solve_instance(instance: dict, config: SolveConfig, policy_factory=None) -> dict:
+    from openglm.agent import service
+    from openglm.agent.config import AgentConfig
+    from openglm.agent.policy import factory
+    from openglm.agent.store.sqlite_store import SQLiteStore
+    from openglm.agent.worker import Worker
+
+    root = config.out_dir / instance["instance_id"]
+    workspace = root / "repo"
+    if not workspace.exists():
+        checkout(instance, config.repos_dir, workspace)
+    agent_config = AgentConfig(data_dir=str(root / "agent"), model=config.model or {})
+    store = SQLiteStore(str(root / "agent.db"))
+    try:
+        tasks = store.list_tasks()  # a rerun after an interruption continues the same task
+        task = tasks[0] if tasks else service.submit(
+            store, agent_config, objective(instance, config.reveal_tests), str(workspace),
+            {"timeout": config.timeout})
+        worker = Worker(agent_config, store=store, policy_factory=policy_factory or (lambda: factory(agent_config)))
+        if store.get_task(task.id).state == "QUEUED":
+            worker.run_one()
+        final = store.get_task(task.id)
+    finally:
+        store.close()
+    return {"instance_id": instance["instance_id"], "model_name_or_path": config.model_name,
+            "model_patch": prediction_patch(workspace, instance["base_commit"], config.keep_tests),
+            "openglm_state": final.state, "openglm_reason": final.reason}
+
+
+def solve(instances: list[dict], config: SolveConfig, policy_factory=None) -> Path:
+    config.out_dir.mkdir(parents=True, exist_ok=True)
+    preds_path = config.out_dir / "predictions.jsonl"
+    done = set()
+    if preds_path.exists():
+        done = {json.loads(line)["instance_id"] for line in preds_path.read_text().splitlines() if line.strip()}
+    with preds_path.open("a") as f:
+        for inst in tqdm([i for i in instances if i["instance_id"] not in done], desc="swe-solve", unit="inst"):
+            f.write(json.dumps(solve_instance(inst, config, policy_factory)) + "\n")
+            f.flush()
+    return preds_path

@@ -1,0 +1,141 @@
+"""Run a project's tests in a subprocess and collect per-test outcomes (and optionally coverage).
+
+pytest runs with our plugin (`_pytest_plugin`) so results are keyed by node id without parsing the
+console; unittest runs with `-v` and its log is parsed. Both are used by verify, localize and the
+benchmark generator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from openglm.swe.logparse import parse_unittest_log
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # makes `openglm` importable in the child
+
+
+@dataclass
+class TestRun:
+    results: dict[str, dict] = field(default_factory=dict)  # nodeid -> {"outcome", "longrepr"}
+    output: str = ""
+    returncode: int = 0
+    coverage_file: str | None = None
+    timed_out: bool = False
+
+    @property
+    def failed(self) -> list[str]:
+        return sorted(n for n, r in self.results.items() if r["outcome"] in ("failed", "error"))
+
+    @property
+    def passed(self) -> list[str]:
+        return sorted(n for n, r in self.results.items() if r["outcome"] == "passed")
+
+
+def source_paths(repo: Path, pythonpath: list[str] | None = None) -> list[str]:
+    """Directories to put on sys.path: the given ones, else `src/` when the project uses that layout."""
+    if pythonpath is not None:
+        return [str((repo / p).resolve()) for p in pythonpath]
+    return [str((repo / "src").resolve())] if (repo / "src").is_dir() else [str(repo.resolve())]
+
+
+_PYTEST_SECTIONS = {"pytest.ini": "", "pyproject.toml": "[tool.pytest.ini_options]", "tox.ini": "[pytest]",
+                    "setup.cfg": "[tool:pytest]"}
+
+
+def pytest_config_args(repo: Path) -> list[str]:
+    """Pin pytest's rootdir to the repo. Without a pytest config of its own, pytest would climb to
+    an enclosing project's config (e.g. a checkout under openglm's tree would pick up openglm's
+    pyproject.toml), so such repos get an empty config file instead."""
+    for name, section in _PYTEST_SECTIONS.items():
+        p = repo / name
+        if p.is_file() and (not section or section in p.read_text(errors="replace")):
+            return ["--rootdir", str(repo)]
+    global _EMPTY_INI
+    if _EMPTY_INI is None or not Path(_EMPTY_INI).exists():
+        _EMPTY_INI = str(Path(tempfile.mkdtemp(prefix="openglm-pytest-")) / "pytest.ini")
+        Path(_EMPTY_INI).write_text("[pytest]\n")
+    return ["-c", _EMPTY_INI, "--rootdir", str(repo)]
+
+
+_EMPTY_INI: str | None = None
+
+
+def child_env(repo: Path, pythonpath: list[str] | None = None, extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    paths = source_paths(repo, pythonpath) + [_PACKAGE_ROOT]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def run_pytest(repo: str | Path, targets: list[str], *, python: str = sys.executable,
+               pythonpath: list[str] | None = None, coverage_source: list[str] | None = None,
+               timeout: float = 600, extra_args: list[str] | None = None) -> TestRun:
+    """Run `pytest targets` in `repo`; with coverage_source, record per-test line coverage."""
+    repo = Path(repo)
+    tmp = Path(tempfile.mkdtemp(prefix="openglm-tests-"))
+    results_file = tmp / "results.json"
+    extra = {"OPENGLM_RESULTS": str(results_file)}
+    run = TestRun()
+    if coverage_source is not None:
+        run.coverage_file = str(tmp / ".coverage")
+        extra["OPENGLM_COV_DATA"] = run.coverage_file
+        extra["OPENGLM_COV_SOURCE"] = os.pathsep.join(str((repo / s).resolve()) for s in coverage_source)
+    # addopts= and no cacheprovider: the project's own pytest options (coverage plugins, -x...)
+    # must not change what runs, and nothing is written into the checkout.
+    cmd = [python, "-m", "pytest", "-p", "openglm.swe._pytest_plugin", "-p", "no:cacheprovider",
+           *pytest_config_args(repo.resolve()), "-o", "addopts=", "-q", "--tb=short", "-rN",
+           *(extra_args or []), *targets]
+    try:
+        proc = subprocess.run(cmd, cwd=repo, env=child_env(repo, pythonpath, extra), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+        run.output, run.returncode = proc.stdout, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        run.output, run.returncode, run.timed_out = (e.stdout or b"").decode(errors="replace"), -9, True
+    if results_file.exists():
+        run.results = json.loads(results_file.read_text())
+    return run
+
+
+def run_unittest(repo: str | Path, targets: list[str], *, python: str = sys.executable,
+                 pythonpath: list[str] | None = None, timeout: float = 600) -> TestRun:
+    """Run `python -m unittest -v targets` (discovery when no target) and parse the verbose log."""
+    repo = Path(repo)
+    cmd = [python, "-m", "unittest", "-v", *(targets or ["discover"])]
+    run = TestRun()
+    try:
+        proc = subprocess.run(cmd, cwd=repo, env=child_env(repo, pythonpath), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+        run.output, run.returncode = proc.stdout, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        run.output, run.returncode, run.timed_out = (e.stdout or b"").decode(errors="replace"), -9, True
+    for name, status in parse_unittest_log(run.output).items():
+        outcome = {"PASSED": "passed", "FAILED": "failed", "ERROR": "error"}.get(status, "skipped")
+        run.results[name] = {"outcome": outcome, "longrepr": ""}
+    return run
+
+
+def per_test_lines(coverage_file: str) -> dict[str, dict[str, set[int]]]:
+    """{file: {nodeid: executed lines}} from a coverage data file recorded by the plugin."""
+    import coverage
+
+    data = coverage.CoverageData(basename=coverage_file)
+    data.read()
+    out: dict[str, dict[str, set[int]]] = {}
+    for path in data.measured_files():
+        by_test: dict[str, set[int]] = {}
+        for line, contexts in data.contexts_by_lineno(path).items():
+            for ctx in contexts:
+                if ctx:  # the empty context is import time, outside any test
+                    by_test.setdefault(ctx, set()).add(line)
+        out[path] = by_test
+    return out

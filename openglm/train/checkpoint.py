@@ -1,0 +1,120 @@
+"""Atomic training checkpoints in the Hugging Face layout plus the trainer's state.
+
+    <out_dir>/checkpoints/step_0000100/   config.json, model.safetensors (model.save_pretrained),
+                                          tokenizer files, trainer_state.pt (optimizer, step, RNG,
+                                          data position, train config)
+    <out_dir>/checkpoints/latest          name of the newest complete checkpoint
+
+A checkpoint is written into a hidden temp folder and renamed into place only when complete; `latest`
+is then replaced atomically. A kill at any moment leaves the previous checkpoint and pointer intact.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+STATE_FILE = "trainer_state.pt"
+
+
+class CheckpointError(ValueError):
+    """No checkpoint where one was expected, or one that does not fit the current run."""
+
+
+def save_checkpoint(out_dir: str | os.PathLike, step: int, model, trainer_state: dict, tokenizer=None,
+                    keep: int = 2) -> Path:
+    """Write checkpoint `step` atomically; prune all but the newest `keep`. Returns its folder."""
+    root = Path(out_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:07d}"
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
+    try:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save(tmp)
+        torch.save(trainer_state, tmp / STATE_FILE)
+        _fsync_dir(tmp)
+        _replace_dir(tmp, final)
+        _write_pointer(root / "latest", final.name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _prune(root, keep)
+    return final
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint folder from a step folder, a run folder, or its checkpoints/ folder."""
+    p = Path(path)
+    if (p / "config.json").is_file():
+        return p
+    for pointer in (p / "checkpoints" / "latest", p / "latest"):
+        if pointer.is_file():
+            target = pointer.parent / pointer.read_text().strip()
+            if (target / "config.json").is_file():
+                return target
+            raise CheckpointError(f"{pointer} points at {target}, which is not a complete checkpoint")
+    raise CheckpointError(f"no checkpoint at {p} (expected config.json, or checkpoints/latest in a run folder)")
+
+
+def load_trainer_state(ckpt: Path) -> dict:
+    file = Path(ckpt) / STATE_FILE
+    if not file.is_file():
+        raise CheckpointError(f"{ckpt} has no {STATE_FILE}: it is a model export, not a resumable checkpoint")
+    return torch.load(file, map_location="cpu", weights_only=False)
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Rename src to dst, replacing an existing dst (a re-saved step) without a window where neither exists."""
+    if dst.exists():
+        old = dst.with_name(f".old-{dst.name}-{os.getpid()}")
+        os.replace(dst, old)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
+
+
+def _write_pointer(path: Path, name: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(folder: Path) -> None:
+    for file in folder.iterdir():
+        if file.is_file():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Delete old complete checkpoints and stale temp folders left by an earlier crash."""
+    latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
+    steps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
+    for p in steps[:-keep] if keep > 0 else []:
+        if p.name != latest:
+            shutil.rmtree(p, ignore_errors=True)
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith((".tmp-", ".old-")):
+            shutil.rmtree(p, ignore_errors=True)

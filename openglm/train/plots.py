@@ -1,0 +1,82 @@
+"""PNG plots of a run, drawn from its metrics.jsonl: loss curves and the layer x expert load heatmap."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from openglm.train.telemetry import read_metrics
+
+
+def plot_run(run_dir: str | os.PathLike) -> list[Path]:
+    """Write loss.png and expert_load.png into `run_dir`; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir / "metrics.jsonl")
+    written = []
+    train = [r for r in records if r.get("kind") == "train"]
+    val = [r for r in records if r.get("kind") == "val"]
+    if train or val:
+        written.append(_plot_loss(train, val, run_dir / "loss.png"))
+    loads = [r for r in train if r.get("expert_share")]
+    if loads:
+        written.append(_plot_expert_load(loads, run_dir / "expert_load.png"))
+    return written
+
+
+def _plot_loss(train: list[dict], val: list[dict], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss", lw=1.2)
+    if val:
+        ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="validation loss")
+    baseline = next((r["unigram_loss"] for r in val if "unigram_loss" in r), None)
+    if baseline is not None:
+        ax.axhline(baseline, ls="--", c="gray", label=f"unigram baseline ({baseline:.2f})")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _plot_expert_load(loads: list[dict], path: Path) -> Path:
+    """Snapshots (start, ..., end) of each layer's per-expert token share, plus load CV over time."""
+    import matplotlib.pyplot as plt
+
+    picks = sorted(set(np.linspace(0, len(loads) - 1, num=min(4, len(loads))).round().astype(int)))
+    fig, axes = plt.subplots(1, len(picks) + 1, figsize=(3.2 * (len(picks) + 1), 3.6))
+    vmax = max(float(np.max(loads[i]["expert_share"])) for i in picks)
+    for ax, i in zip(axes, picks):
+        share = np.asarray(loads[i]["expert_share"])
+        im = ax.imshow(share, aspect="auto", cmap="viridis", vmin=0, vmax=vmax, interpolation="nearest")
+        ax.set_title(f"step {loads[i]['step']}")
+        ax.set_xlabel("expert")
+    axes[0].set_ylabel("MoE layer")
+    fig.colorbar(im, ax=list(axes[:-1]), label="share of tokens")
+    cv = np.asarray([r["expert_cv"] for r in loads])
+    steps = [r["step"] for r in loads]
+    for layer in range(cv.shape[1]):
+        axes[-1].plot(steps, cv[:, layer], label=f"layer {layer}")
+    axes[-1].set_title("load CV (std/mean)")
+    axes[-1].set_xlabel("step")
+    if cv.shape[1] <= 8:
+        axes[-1].legend(fontsize=7)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

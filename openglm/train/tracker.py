@@ -1,0 +1,76 @@
+"""Per-interval training statistics: losses, norms, throughput, and MoE routing (load, CV, drops, collapse)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from openglm.train import dist
+from openglm.train.telemetry import CollapseDetector, load_cv, token_shares
+
+ROUTER_SUFFIX = "mlp.gate.weight"  # the router's projection in the Hugging Face tensor names
+
+
+class StepTracker:
+    """Accumulates what happens between two log points and turns it into one metrics record."""
+
+    def __init__(self, model_config, cfg, info: dist.DistInfo):
+        self.cfg, self.info = cfg, info
+        self.top_k = int(getattr(model_config, "num_experts_per_tok", 1) or 1)
+        first = int(getattr(model_config, "first_k_dense_replace", 0) or 0)
+        n_layers = int(getattr(model_config, "num_hidden_layers", 0))
+        self.detector = CollapseDetector(
+            top_k=self.top_k, share_threshold=cfg.collapse_share, patience=cfg.collapse_patience,
+            layer_names=[f"layer {first + i} (MoE layer {i})" for i in range(max(0, n_layers - first))])
+        self._router_params = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.counts = None
+        self.dropped, self.micro = 0.0, 0
+        self.rows: list[tuple] = []
+        self.seconds = 0.0
+
+    def add_routing(self, aux) -> None:
+        if aux is None or aux.expert_counts is None or aux.expert_counts.numel() == 0:
+            return
+        counts = aux.expert_counts.detach().double().cpu()
+        self.counts = counts if self.counts is None else self.counts + counts
+        self.dropped += float(aux.dropped_fraction)
+        self.micro += 1
+
+    def add_step(self, lm_loss: float, aux_loss: float, grad_norm: float, router_norm: float, lr: float) -> None:
+        self.rows.append((lm_loss, aux_loss, grad_norm, router_norm, lr))
+
+    def add_time(self, seconds: float) -> None:
+        self.seconds += seconds
+
+    def router_grad_norm(self, model: torch.nn.Module) -> float:
+        """Global norm of the routers' gradients (a dead or exploding router shows here first)."""
+        if self._router_params is None:
+            self._router_params = [p for n, p in model.named_parameters() if n.endswith(ROUTER_SUFFIX)]
+        grads = [p.grad.detach().float().norm() for p in self._router_params if p.grad is not None]
+        return float(torch.stack(grads).norm()) if grads else 0.0
+
+    def flush(self, step: int) -> tuple[dict, list[str]]:
+        """The record for the interval ending at `step`, plus any collapse warnings; then start afresh."""
+        rows = np.asarray(self.rows, dtype=np.float64)
+        cfg = self.cfg
+        tokens = len(self.rows) * cfg.seq_len * cfg.batch_size * cfg.grad_accum * self.info.world
+        record = {"kind": "train", "step": step, "loss": float(rows[:, 0].mean() + rows[:, 1].mean()),
+                  "lm_loss": float(rows[:, 0].mean()), "aux_loss": float(rows[:, 1].mean()),
+                  "grad_norm": float(rows[:, 2].mean()), "router_grad_norm": float(rows[:, 3].mean()),
+                  "lr": float(rows[-1, 4]), "tokens_per_s": tokens / self.seconds if self.seconds else 0.0}
+        warnings = []
+        if self.counts is not None:
+            counts = dist.all_reduce_sum(self.counts, self.info).numpy()
+            dropped = dist.all_reduce_sum(torch.tensor([self.dropped, self.micro], dtype=torch.float64), self.info)
+            shares = token_shares(counts, self.top_k)
+            record.update(expert_counts=counts, expert_share=shares.round(4), expert_cv=load_cv(counts).round(4),
+                          max_expert_share=float(shares.max()),
+                          dropped_fraction=float(dropped[0] / max(1.0, float(dropped[1]))))
+            warnings = self.detector.update(counts, step=step)
+            if warnings:
+                record["warnings"] = warnings
+        self._reset()
+        return record, warnings

@@ -1,0 +1,73 @@
+"""Driving real agent tasks (runtime + resilience hooks) with scripted models and injected faults."""
+
+from __future__ import annotations
+
+import json
+
+from openglm.agent.models.base import Model, ModelError, ModelResponse, ToolCall
+from openglm.agent.resilience import Action, LadderConfig, LadderPolicy, MonitorConfig, ResilienceConfig, Threshold
+from openglm.agent.resilience.config import MB, GuardConfig, _default_policies
+from openglm.agent.resilience.hooks import resilience_hooks
+from openglm.agent.worker import Worker
+
+
+def call(name, **arguments):
+    return {"name": name, "arguments": arguments}
+
+
+def bash(command):
+    return call("bash", command=command)
+
+
+class ScriptedModel(Model):
+    """Serves its turns in order, one per call, whatever the context (a rollback does not rewind it,
+    unlike the replay model). A turn may be a callable(messages) -> turn, or an Exception to raise."""
+
+    name = "scripted"
+
+    def __init__(self, turns, tokens=(30, 10)):
+        self.turns, self.calls, self.seen, self.tokens = list(turns), 0, [], tokens
+
+    def query(self, messages, tools=None):
+        self.seen.append(messages)
+        if self.calls >= len(self.turns):
+            raise ModelError(f"script exhausted after {len(self.turns)} turns")
+        turn = self.turns[self.calls]
+        self.calls += 1
+        turn = turn(messages) if callable(turn) else turn
+        if isinstance(turn, Exception):
+            raise turn
+        calls = [ToolCall(c["name"], c.get("arguments", {}), id=f"c{self.calls}_{i}")
+                 for i, c in enumerate(turn.get("tool_calls", []))]
+        return ModelResponse(turn.get("content", ""), calls, self.tokens[0], self.tokens[1], self.name)
+
+
+def turn(*calls, content=""):
+    return {"content": content, "tool_calls": list(calls)}
+
+
+def fast_config(**guard) -> ResilienceConfig:
+    """Compressed time: 20 Hz sampling, a 2 s leak window at 10 MB/s (10 MB/min x 60), no backoff waits."""
+    policies = {k: LadderPolicy(**{**p.__dict__, "backoff_s": 0.01}) for k, p in _default_policies().items()}
+    thresholds = {"rss_growth_short": Threshold(10 * MB, Action.RESTART_TREE, sustain=20, cooldown_s=1.0),
+                  "cpu_percent": Threshold(25.0, Action.REDUCE_PARALLELISM, sustain=3, cooldown_s=30.0),
+                  "disk_free_bytes": None}
+    return ResilienceConfig(monitor=MonitorConfig(interval_s=0.05, short_window_s=2.0, long_window_s=60.0,
+                                                  cpu_allotment=1, thresholds=thresholds),
+                            ladder=LadderConfig(policies=policies), guard=GuardConfig(**guard))
+
+
+def worker(config, store, model, rcfg=None) -> Worker:
+    return Worker(config, store=store, model=model, hooks=resilience_hooks(rcfg or fast_config()))
+
+
+def events(store, task_id, kind=None) -> list:
+    return [e for e in store.all_events(task_id) if kind is None or e.kind == kind]
+
+
+def kinds(store, task_id) -> list[str]:
+    return [e.kind for e in store.all_events(task_id)]
+
+
+def dump(store, task_id) -> str:
+    return "\n".join(f"{e.step} {e.kind} {json.dumps(e.data)[:200]}" for e in store.all_events(task_id))

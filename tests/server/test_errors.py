@@ -1,0 +1,109 @@
+"""Every bad input gets its OpenAI-style status, and the server keeps serving afterwards."""
+
+import httpx
+import pytest
+
+from openai import AuthenticationError, BadRequestError, NotFoundError, OpenAI
+
+CHAT = "/v1/chat/completions"
+CMPL = "/v1/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def check_error(resp, status, param=None):
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) >= {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert param in (err["param"] or "") or param in err["message"]
+    return err
+
+
+def test_malformed_json(http):
+    resp = http.post(CHAT, content=b'{"model": "tiny-test", "messages": [', headers={"Content-Type": "application/json"})
+    err = check_error(resp, 400)
+    assert err["type"] == "invalid_request_error" and "JSON" in err["message"]
+    check_error(http.post(CHAT, content=b"[1, 2]", headers={"Content-Type": "application/json"}), 400)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": "hello"}, "messages"),
+    ({"messages": MSG, "max_tokens": "ten"}, "max_tokens"),
+    ({"messages": MSG, "temperature": "hot"}, "temperature"),
+    ({"messages": MSG, "stream": "yes"}, "stream"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
+    ({"messages": []}, "messages"),
+    ({"messages": MSG, "max_tokens": 0}, "max_tokens"),
+    ({"messages": MSG, "max_tokens": -5}, "max_tokens"),
+    ({"messages": MSG, "max_tokens": 10**9}, "max_tokens"),
+    ({"messages": MSG, "temperature": -0.5}, "temperature"),
+    ({"messages": MSG, "top_p": 0}, "top_p"),
+    ({"messages": MSG, "top_p": 1.5}, "top_p"),
+    ({"messages": MSG, "n": 0}, "n"),
+])
+def test_bad_chat_fields_are_400(http, body, param):
+    check_error(http.post(CHAT, json={"model": "tiny-test", **body}), 400, param)
+
+
+def test_bad_completion_inputs_are_400(http):
+    check_error(http.post(CMPL, json={"model": "tiny-test"}), 400, "prompt")
+    check_error(http.post(CMPL, json={"model": "tiny-test", "prompt": ""}), 400, "prompt")
+    check_error(http.post(CMPL, json={"model": "tiny-test", "prompt": [1, 2, 10**7]}), 400, "prompt")
+    check_error(http.post(CMPL, json={"model": "tiny-test", "prompt": "x", "logprobs": 99}), 400, "logprobs")
+    check_error(http.post(CMPL, json={"model": "tiny-test", "prompt": "x", "stop": ["a"] * 5}), 400, "stop")
+
+
+def test_prompt_longer_than_context_is_400(client):
+    with pytest.raises(BadRequestError) as e:
+        client.completions.create(model="tiny-test", prompt=list(range(10, 310)), max_tokens=4)
+    assert "context" in str(e.value)
+    with pytest.raises(BadRequestError):  # fits alone, but not with the requested output
+        client.completions.create(model="tiny-test", prompt=list(range(10, 210)), max_tokens=100)
+
+
+def test_unknown_model_is_404(client, http):
+    with pytest.raises(NotFoundError):
+        client.chat.completions.create(model="gpt-9", messages=MSG)
+    assert check_error(http.get("/v1/models/gpt-9"), 404)["code"] == "model_not_found"
+    check_error(http.get("/v1/no-such-route"), 404)
+
+
+def test_api_key_is_enforced(server):
+    for key in ("wrong-key",):
+        with pytest.raises(AuthenticationError):
+            OpenAI(base_url=f"{server}/v1", api_key=key, max_retries=0).models.list()
+    err = check_error(httpx.get(f"{server}/v1/models"), 401)
+    assert err["type"] == "authentication_error"
+    check_error(httpx.post(f"{server}{CHAT}", json={"model": "tiny-test", "messages": MSG}), 401)
+    assert httpx.get(f"{server}/health").status_code == 200  # probes stay open
+    assert httpx.get(f"{server}/metrics").status_code == 200
+
+
+def test_server_survives_bad_requests(http, client):
+    for _ in range(3):
+        http.post(CHAT, content=b"\xff\xfe garbage", headers={"Content-Type": "application/json"})
+    out = client.completions.create(model="tiny-test", prompt="ok", max_tokens=2)
+    assert len(out.choices) == 1
+    assert "openglm_request_errors_total" in http.get("/metrics").text
+
+
+def test_overload_is_429(start_server):
+    """Requests beyond the queue limit are refused with 429 while the others complete."""
+    import asyncio
+
+    url, engine = start_server(max_queue=2, num_kv_blocks=64)
+
+    async def one(c):
+        return await c.post("/v1/completions", json={"model": "tiny-test", "prompt": "go", "max_tokens": 40,
+                                                       "ignore_eos": True})
+
+    async def burst():
+        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
+            return await asyncio.gather(*[one(c) for _ in range(6)])
+
+    responses = asyncio.run(burst())
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses.count(200) >= 2 and 429 in statuses and set(statuses) <= {200, 429}
+    limited = next(r for r in responses if r.status_code == 429)
+    assert limited.json()["error"]["type"] == "rate_limit_exceeded"
+    assert httpx.get(f"{url}/health").status_code == 200
