@@ -1,7 +1,10 @@
 """One attention layer (batch 1, 8 heads x 64 dims, fp32, causal) at long sequence lengths.
 
 Kinds: materialised (scores in memory: the write-up's "conventional attention"), fused SDPA (causal),
-DSA-gather (lightning indexer 4 heads x 32 dims, top-2048), local+global+random (512 / every 64th / 64 random),
+DSA-gather (top-2048; lightning indexer 4 heads x 32 dims, GLM-5's ratio to the attention: 32 index heads x
+128 dims for 64 heads of qk_head_dim 256; the opt-in bf16 fast path: indexer matmul in bf16 as a stand-in
+for the real indexer's FP8, and the weighted sum of the selected values in bf16; the q.k scores and the
+softmax stay fp32), local+global+random (512 / every 64th / 64 random),
 sliding window 4096. Each case runs in its own subprocess and reports its wall time and the process's peak RSS
 (ru_maxrss); "attn MiB" is that peak minus the RSS after the inputs were built. Materialised attention is only
 run where its score matrix is small; elsewhere its analytic size (H x N x N x 4 bytes) is reported instead.
@@ -60,7 +63,8 @@ def run_case(kind: str, n: int, threads: int) -> dict:
     elif kind == "sdpa":
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     elif kind == "dsa_gather":  # indexer + gather, fused per query block
-        out = dsa_attention(q, k, v, iq, ik, w, TOPK)
+        out = dsa_attention(q, k, v, iq, ik, w, TOPK, score_dtype=torch.bfloat16,
+                            value_dtype=torch.bfloat16)
     elif kind == "local_global_random":
         out = attention(q, k, v, SparsePattern.lgr())
     elif kind == "sliding_window":
@@ -129,6 +133,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per case (1: steady on a busy machine)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per case")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json-out", help="also write the rows as JSON to this file (the table still prints)")
     ap.add_argument("--case", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -143,6 +148,9 @@ def main() -> None:
         bar.set_description(f"{kind} {n}")
         rows.append(measure(kind, n, args.threads, args.timeout))
     add_ratios(rows)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(rows, f, indent=1)
     print(json.dumps(rows, indent=1) if args.json else "")
     if not args.json:
         print_table(rows)

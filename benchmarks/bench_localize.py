@@ -1,12 +1,12 @@
 """Fault localisation on generated bug-injection instances (real PyPI packages, see openglm swe-gen),
-plus the SWE-bench-format harness figures on the same instances (gold patches, empty patches).
+plus the SWE-bench-format harness figures on the same instances (gold, empty and corrupt patches).
 
 For each instance the buggy revision is checked out and `openglm.swe.localize` runs with the
 instance's FAIL_TO_PASS tests and problem statement. A hit at file / function / line level means the
 injected bug's file / function / line is within the top-k of a technique's ranking. Results are
 cached per instance (.bench/localize/results.jsonl), so a rerun resumes.
 
-    flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_localize.py [--per-package 25]
+    flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_localize.py [--per-package 30]
         [--packages a b] [--harness] [--workers 2] [--json out.json]
 """
 
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -72,7 +74,8 @@ def evaluate(inst: dict, repos: Path, work: Path) -> dict:
     for tech in TECHNIQUES:
         levels = out["combined"] if tech == "combined" else out["techniques"].get(tech, {})
         ranks[tech] = {lv: first_hit_rank(levels.get(lv, []), want[lv]) for lv in LEVELS}
-    return {"instance_id": inst["instance_id"], "package": inst["repo"].split("/")[-1],
+    return {"instance_id": inst["instance_id"], "base_commit": inst["base_commit"],
+            "package": inst["repo"].split("/")[-1],
             "kind": inst["openglm_bug"]["kind"], "ranks": ranks, "seconds": round(seconds, 2),
             "observed_failing": len(out["observed_failing"])}
 
@@ -116,19 +119,39 @@ def print_tables(rows: list[dict], harness: dict | None) -> None:
     if harness:
         print("\nHarness (SWE-bench grading, isolated venv per instance):")
         for name, rep in harness.items():
-            print(f"  {name:<6} resolved {rep['resolved_instances']}/{rep['total_instances']} "
+            print(f"  {name:<7} resolved {rep['resolved_instances']}/{rep['total_instances']} "
                   f"({100 * rep['resolved_instances'] / max(rep['total_instances'], 1):.1f}%), "
-                  f"errors {rep['error_instances']}, wall {rep['wall_s']:.0f}s")
+                  f"unresolved {rep['unresolved_instances']}, errors {rep['error_instances']}, "
+                  f"wall {rep['wall_s']:.0f}s")
+
+
+def corrupt_patch(patch: str) -> str:
+    """The patch with a removed line that is not in the file added to its first hunk (header
+    counts kept consistent): neither `git apply` nor `patch --fuzz` can apply it, since fuzz only
+    forgives context lines, so a harness must report it unresolved (patch not applied)."""
+    lines = patch.splitlines(keepends=True)
+    h = next(n for n, ln in enumerate(lines) if ln.startswith("@@"))
+    lines[h] = re.sub(r"^@@ -(\d+)(?:,(\d+))?", lambda m: f"@@ -{m[1]},{int(m[2] or 1) + 1}", lines[h])
+    lines.insert(h + 1, "-# openglm: a line that is not in the file\n")
+    return "".join(lines)
+
+
+def corrupt_predictions(instances: list[dict]) -> dict[str, dict]:
+    return {i["instance_id"]: {"instance_id": i["instance_id"], "model_name_or_path": "corrupt",
+                               "model_patch": corrupt_patch(i["patch"])} for i in instances}
 
 
 def run_harness(instances: list[dict], repos: Path, out: Path, workers: int) -> dict:
     from openglm.swe.harness import HarnessConfig, run_evaluation
 
     results = {}
-    for name in ("gold", "empty"):
+    for name in ("gold", "empty", "corrupt"):
         t0 = time.time()
         config = HarnessConfig(run_id=f"bench-{name}", out_dir=out, repos_dir=repos, workers=workers, timeout=300)
-        rep = run_evaluation(instances, load_predictions(name, instances), config)
+        # a fresh run: the harness resumes by instance id, and ids are reused when the set changes
+        shutil.rmtree(out / "logs" / "run_evaluation" / config.run_id, ignore_errors=True)
+        preds = corrupt_predictions(instances) if name == "corrupt" else load_predictions(name, instances)
+        rep = run_evaluation(instances, preds, config)
         results[name] = {k: v for k, v in rep.items() if not k.endswith("_ids")} | {"wall_s": time.time() - t0}
     return results
 
@@ -136,7 +159,7 @@ def run_harness(instances: list[dict], repos: Path, out: Path, workers: int) -> 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--packages", nargs="*")
-    ap.add_argument("--per-package", type=int, default=25)
+    ap.add_argument("--per-package", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache", default=str(ROOT / ".bench"))
     ap.add_argument("--limit", type=int, default=0, help="evaluate only the first N instances")
@@ -155,9 +178,11 @@ def main() -> int:
     results_file = cache / "localize" / f"results.seed{args.seed}.jsonl"
     done = {}
     if results_file.exists():
+        commits = {i["instance_id"]: i["base_commit"] for i in instances}
         for line in results_file.read_text().splitlines():
             r = json.loads(line)
-            done[r["instance_id"]] = r
+            if r.get("base_commit") == commits.get(r["instance_id"]):  # not a stale, other bug
+                done[r["instance_id"]] = r
     work = cache / "localize" / "work"
     work.mkdir(parents=True, exist_ok=True)
     with results_file.open("a") as f:

@@ -5,7 +5,8 @@ cache holding a 256-token prompt), in fp32 and bf16; tokens/s (median of repeats
 and model-FLOPs utilisation against this CPU's measured dense-matmul peak. Also the MoE layer's
 achieved GFLOP/s against a dense SwiGLU MLP with the same active FLOPs.
 
-    flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_model.py [--json] [--quick]
+    flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_model.py [--json] [--quick] [--threads N]
+        [--phases prefill,decode] [--dtypes float32,bfloat16]
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def decode_hf(m, prompt, steps):
 
 
 def paired(run_a, run_b, repeats):
-    """Median seconds of two runners, interleaved so both see the same machine load."""
+    """Median seconds of two runners, interleaved (a, b, a, b, ...) so both see the same machine load."""
     run_a(), run_b()  # warm-up
     a, b = [], []
     for _ in range(repeats):
@@ -140,10 +141,20 @@ def moe_vs_dense(cfg: ModelConfig, dtype, repeats):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="fewer repeats")
+    ap.add_argument("--quick", action="store_true", help="fewer repeats (3 instead of 5)")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--phases", default="prefill,decode")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for both models (default 1: on the shared 2-core machine a second "
+                         "thread contends with other jobs and the figures swing by several x)")
     args = ap.parse_args()
-    repeats = 2 if args.quick else 5
+    if args.threads < 1:
+        ap.error("--threads must be >= 1")
+    torch.set_num_threads(args.threads)
+    phases = args.phases.split(",")
+    if not phases or set(phases) - {"prefill", "decode"}:
+        ap.error(f"--phases takes prefill and/or decode, got {args.phases!r}")
+    repeats = 3 if args.quick else 5
     cfg = ModelConfig.from_preset("small")
     rows, moe_rows = [], []
     torch.manual_seed(0)
@@ -153,19 +164,22 @@ def main() -> int:
         dtype = getattr(torch, name)
         peak = matmul_peak(dtype)
         ours, hf = build(cfg, dtype)
+        cells = {}
         with torch.inference_mode():
-            cells = {
-                "prefill": (PREFILL_B * PREFILL_T, PREFILL_T / 2,
-                            *paired(prefill_ours(ours, ids), prefill_hf(hf, ids), repeats)),
-                "decode": (DECODE_B * DECODE_STEPS, DECODE_PROMPT + DECODE_STEPS / 2,
-                           *paired(decode_ours(ours, prompt, DECODE_STEPS), decode_hf(hf, prompt, DECODE_STEPS),
-                                   repeats)),
-            }
+            if "prefill" in phases:
+                cells["prefill"] = (PREFILL_B * PREFILL_T, PREFILL_T / 2,
+                                    *paired(prefill_ours(ours, ids), prefill_hf(hf, ids), repeats))
+            if "decode" in phases:
+                cells["decode"] = (DECODE_B * DECODE_STEPS, DECODE_PROMPT + DECODE_STEPS / 2,
+                                   *paired(decode_ours(ours, prompt, DECODE_STEPS),
+                                           decode_hf(hf, prompt, DECODE_STEPS), repeats))
         for phase, (tokens, ctx, t_ours, t_hf) in cells.items():
             fpt = flops_per_token(cfg, ctx)
             rows.append(dict(phase=phase, dtype=name, openglm_tok_s=tokens / t_ours, transformers_tok_s=tokens / t_hf,
                              speedup=t_hf / t_ours, openglm_mfu=fpt * tokens / t_ours / peak,
                              transformers_mfu=fpt * tokens / t_hf / peak, matmul_peak_gflops=peak / 1e9))
+        if "prefill" not in phases:
+            continue
         moe_gf, dense_gf = moe_vs_dense(cfg, dtype, repeats)
         moe_rows.append(dict(dtype=name, moe_gflops=moe_gf / 1e9, dense_same_flops_gflops=dense_gf / 1e9,
                              ratio=moe_gf / dense_gf, matmul_peak_gflops=peak / 1e9))
@@ -181,6 +195,8 @@ def main() -> int:
     for r in rows:
         print(f"{r['phase']:<8}{r['dtype']:<10}{r['openglm_tok_s']:>15,.0f}{r['transformers_tok_s']:>20,.0f}"
               f"{r['speedup']:>9.2f}x{100 * r['openglm_mfu']:>12.1f}%{100 * r['transformers_mfu']:>8.1f}%")
+    if not moe_rows:
+        return 0
     print(f"\nMoE layer ({PREFILL_B}x{PREFILL_T} tokens) vs a dense SwiGLU MLP of the same active FLOPs")
     print(f"{'dtype':<10}{'MoE GFLOP/s':>13}{'dense GFLOP/s':>15}{'ratio':>8}{'matmul peak':>13}")
     for r in moe_rows:

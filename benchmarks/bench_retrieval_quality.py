@@ -90,7 +90,7 @@ def run_localize(path: Path, repos: Path, embedder: Embedder, limit: int) -> tup
     total: dict = {}
     for repo, items in by_repo.items():
         work = OUT / "work" / repo.replace("/", "__")
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work / "src", ignore_errors=True)  # the index stays: a rerun re-embeds nothing
         export_revision(repos / repo.replace("/", "__"), "HEAD", work / "src")
         index, stats = CodeIndex.build(work / "src", work / "index", embedder=embedder, progress=True)
         print(f"  {repo}: {stats.total_chunks} chunks, {len(items)} queries", flush=True)

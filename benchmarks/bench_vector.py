@@ -111,17 +111,19 @@ def ladder(xb, xq, metric, args) -> tuple[list[dict], np.ndarray]:
     nprobes = [1, 2, 4, 8, 16, 32, 64, 128]
     shared_centroids = {}
     built = {}
+    # prune and rerank are search-time settings of the ivfpq index (see vector.LADDER for why
+    # they do not sit on two-level routing); their grids hold the stage's presets and neighbours.
+    ratios = [1.4, 1.6, 1.8, 2.0, 2.5]
     plans = [
         ("ivf", "ivf", [dict(nprobe=p) for p in nprobes]),
         ("ivfpq", "ivfpq", [dict(nprobe=p) for p in nprobes]),
         ("two-level", "two-level", [dict(nprobe=p, ef_search=e) for p, e in itertools.product(nprobes[2:], [32, 64])]),
-        ("prune", "two-level", [dict(nprobe=p, prune_ratio=r, ef_search=e) for p, r, e in
-                                itertools.product([16, 32, 64], [2.0, 3.0, 4.0, 6.0], [32, 64])]),
-        ("rerank", "two-level", [dict(nprobe=p, prune_ratio=r, rerank=f, ef_search=e) for p, r, f, e in
-                                 itertools.product([16, 32], [3.0, 4.0, 6.0], [4, 8], [32, 64])]),
+        ("prune", "ivfpq", [dict(nprobe=p, prune_ratio=r) for p, r in itertools.product([8, 16, 32, 64, 128], ratios)]),
+        ("rerank", "ivfpq", [dict(nprobe=p, prune_ratio=r, rerank=f) for p, r, f in
+                             itertools.product([8, 12, 16, 24, 32, 64, 128], [0.0] + ratios, [4, 8, 16])]),
     ]
     for stage, build_stage, grid in plans:
-        if build_stage not in built:  # prune and rerank are search-time settings of two-level
+        if build_stage not in built:
             cfg = ladder_config(build_stage, n, d, metric=metric)
             index = VectorIndex(d, cfg)
             cents = shared_centroids.get(cfg.nlist) if cfg.coarse == "flat" else None
@@ -132,9 +134,10 @@ def ladder(xb, xq, metric, args) -> tuple[list[dict], np.ndarray]:
             bt, _ = timed(build)
             if cfg.coarse == "flat":
                 shared_centroids[cfg.nlist] = index.centroids()
-            mem = (index_bytes(index.index) + index.vectors.nbytes * (build_stage == "two-level")) / 2**20
-            built[build_stage] = (index, bt, mem)
+            built[build_stage] = (index, bt, index_bytes(index.index) / 2**20)
         index, bt, mem = built[build_stage]
+        if stage == "rerank":  # the exact re-rank reads the float store
+            mem += index.vectors.nbytes / 2**20
         index.set_search(prune_ratio=0.0, rerank=0)
         params, _ = tune(index.search, index.set_search, grid, xq[tq], truth[tq], k, args.target)
         row = measure(stage, index.search, xq, truth, k, args.single, args.repeats, base, build_s=bt,

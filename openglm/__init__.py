@@ -4,20 +4,15 @@ Heavy submodules (torch, FastAPI, faiss) are imported lazily so that `openglm --
 and the agent runtime start fast.
 """
 
+from openglm._lazy import lazy_exports
+
 __version__ = "0.1.0"
 
-_LAZY = {
-    "load_model": "openglm.model",
-    "ModelConfig": "openglm.model",
-    "GlmMoeDsaForCausalLM": "openglm.model",
-    "LLM": "openglm.engine",
-    "SamplingParams": "openglm.engine",
+_EXPORTS = {
+    "load_model": "openglm.model.checkpoint",
+    "ModelConfig": "openglm.model.config",
+    "GlmMoeDsaForCausalLM": "openglm.model.model",
+    "LLM": "openglm.engine.llm",
+    "SamplingParams": "openglm.engine.sampling_params",
 }
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'openglm' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -2,12 +2,19 @@
 
 `LLM(path).generate(prompts, SamplingParams(...))` for offline batches; `LLMEngine` is the
 step-at-a-time core the server drives.
+
+Exports resolve lazily (see openglm/_lazy.py).
 """
 
-from openglm.engine.config import EngineConfig
-from openglm.engine.llm import LLM
-from openglm.engine.llm_engine import LLMEngine
-from openglm.engine.outputs import CompletionOutput, RequestOutput
-from openglm.engine.sampling_params import SamplingParams
+from openglm._lazy import lazy_exports
 
-__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput"]
+_EXPORTS = {
+    "EngineConfig": "openglm.engine.config",
+    "LLM": "openglm.engine.llm",
+    "LLMEngine": "openglm.engine.llm_engine",
+    "CompletionOutput": "openglm.engine.outputs",
+    "RequestOutput": "openglm.engine.outputs",
+    "SamplingParams": "openglm.engine.sampling_params",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -3,13 +3,22 @@
     from openglm.model import ModelConfig, GlmMoeDsaForCausalLM, load_model, DynamicCache
     model = GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny"))
     out = model(input_ids, attention_mask=mask, cache=DynamicCache(), return_aux=True)
+
+Exports resolve lazily (see openglm/_lazy.py).
 """
 
-from openglm.model.cache import DynamicCache, KVCache
-from openglm.model.checkpoint import load_model, save_pretrained
-from openglm.model.config import ModelConfig
-from openglm.model.model import CausalLMOutput, GlmMoeDsaForCausalLM, MoEStats
-from openglm.model.presets import PRESETS
+from openglm._lazy import lazy_exports
 
-__all__ = ["ModelConfig", "PRESETS", "GlmMoeDsaForCausalLM", "CausalLMOutput", "MoEStats", "DynamicCache",
-           "KVCache", "load_model", "save_pretrained"]
+_EXPORTS = {
+    "DynamicCache": "openglm.model.cache",
+    "KVCache": "openglm.model.cache",
+    "load_model": "openglm.model.checkpoint",
+    "save_pretrained": "openglm.model.checkpoint",
+    "ModelConfig": "openglm.model.config",
+    "CausalLMOutput": "openglm.model.model",
+    "GlmMoeDsaForCausalLM": "openglm.model.model",
+    "MoEStats": "openglm.model.model",
+    "PRESETS": "openglm.model.presets",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -31,12 +31,14 @@ def attend_gathered(q, k, v, indices, valid, scale: float, v_dim: int | None = N
     g = H // Hk
     per_query = B * K * Hk * (D + (v.shape[-1] if v is not None else 0)) * q.element_size()
     block = query_chunk or max(1, block_bytes // max(per_query, 1))
-    # Gather whole rows with index_select on a [B*N, ...] view: far faster than advanced indexing.
-    k_rows = k.reshape(B * N, Hk * D)
+    # Gather whole rows with index_select on a [B*S, ...] matrix of rows: far faster than advanced indexing.
+    k_rows, stride = key_rows(k)
     v_rows = v.reshape(B * N, -1) if v is not None else None
-    offsets = (torch.arange(B, device=q.device) * N)[:, None, None]
+    if v is not None and stride != N:
+        k_rows, stride = k.reshape(B * N, Hk * D), N
+    offsets = (torch.arange(B, device=q.device) * stride)[:, None, None]
     # One gather buffer reused by every block: fresh multi-MB allocations would page-fault each time.
-    k_buf = k_rows.new_empty(B * min(block, T) * K, Hk * D)
+    k_buf = k_rows.new_empty(B * min(block, T) * K, k_rows.shape[1])
     out = []
     for t0 in range(0, T, block):
         t1, s = min(T, t0 + block), min(T, t0 + block) - t0
@@ -45,7 +47,7 @@ def attend_gathered(q, k, v, indices, valid, scale: float, v_dim: int | None = N
             k_g = torch.index_select(k_rows, 0, rows)
         else:
             k_g = torch.index_select(k_rows, 0, rows, out=k_buf[: rows.numel()])
-        k_g = k_g.view(B, s, K, Hk, D).transpose(2, 3)  # [B, s, Hk, K, D]
+        k_g = k_g[:, : Hk * D].view(B, s, K, Hk, D).transpose(2, 3)  # [B, s, Hk, K, D]
         qs = q[:, t0:t1].reshape(B, s, Hk, g, D)
         scores = torch.matmul(qs, k_g.transpose(-1, -2)).float() * scale  # [B, s, Hk, g, K]
         if valid is not None:
@@ -59,6 +61,28 @@ def attend_gathered(q, k, v, indices, valid, scale: float, v_dim: int | None = N
             o = torch.matmul(p, v_rows.index_select(0, rows).view(B, s, K, Hk, -1).transpose(2, 3))
         out.append(o.reshape(B, s, H, -1))
     return torch.cat(out, 1) if len(out) > 1 else out[0]
+
+
+def key_rows(k: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """k [B, N, ...] as a contiguous matrix of rows [B*S, W] in which row b*S + n starts with k[b, n]
+    (its first k[0, 0].numel() columns), and S.
+
+    Without copying when every k[b, n] is one contiguous run and batches are whole rows apart (a view
+    of a preallocated cache: S is its capacity and W its full row, which may hold more entries after
+    the key); otherwise a contiguous copy with S = N and W = the key width. Rows are gathered whole
+    (index_select on contiguous rows is a memcpy per row; on strided ones it is ~10x slower).
+    """
+    B, N = k.shape[:2]
+    width = k[0, 0].numel() if B and N else 0
+    if k.is_contiguous() or not (B and N):
+        return k.reshape(B * N, width), N
+    row = k.stride(1)
+    if k[0, 0].is_contiguous() and row >= width and k.stride(0) % row == 0:
+        step = k.stride(0) // row
+        end = k.storage_offset() + B * step * row
+        if step >= N and end * k.element_size() <= k.untyped_storage().nbytes():
+            return k.as_strided((B * step, row), (row, 1)), step
+    return k.reshape(B * N, width), N
 
 
 def attend_dense(q, k, v, key_valid, past: int, scale: float, query_chunk: int | None = None,

@@ -57,9 +57,10 @@ class MLAttention(nn.Module):
         w_kv = self.kv_b_proj.weight.view(self.n_heads, self.nope + self.v_dim, self.rank)
         w_uk, w_uv = w_kv[:, : self.nope], w_kv[:, self.nope:]
         # Absorb W_uk into the query: q_nope . (W_uk c) = (W_uk^T q_nope) . c
-        q_lat = torch.matmul(q_nope.transpose(1, 2), w_uk).transpose(1, 2)  # [B, T, H, rank]
+        # (einsum batches over heads with B*T rows each: a broadcast matmul would copy W_uk per sequence)
+        q_lat = torch.einsum("bthn,hnr->bthr", q_nope, w_uk)  # [B, T, H, rank]
         q_full = torch.cat([q_lat, apply_rope(q_pe, cos, sin)], dim=-1)
-        keys = torch.cat([entries["kv"], entries["k_pe"]], dim=-1).unsqueeze(2)  # [B, N, 1, rank+rope]
+        keys = latent_keys(entries["kv"], entries["k_pe"])  # [B, N, 1, rank+rope]
         selection = None
         if self.kind == "dsa":
             if self.indexer is not None:
@@ -74,5 +75,18 @@ class MLAttention(nn.Module):
         else:
             o_lat = attend_gathered(q_full, keys, None, *selection, self.scale, v_dim=self.rank, query_chunk=chunk)
         # Un-absorb W_uv: o_h = W_uv (sum_j p_j c_j)
-        o = torch.matmul(o_lat.transpose(1, 2), w_uv.transpose(1, 2)).transpose(1, 2)  # [B, T, H, v]
+        o = torch.einsum("bthr,hvr->bthv", o_lat, w_uv)  # [B, T, H, v]
         return self.o_proj(o.reshape(B, T, self.n_heads * self.v_dim)), selection
+
+
+def latent_keys(kv: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+    """The one MLA key head [B, N, 1, rank+rope] = kv | k_pe. A zero-copy view when the cache stores
+    k_pe right after kv in each row (DynamicCache does), so decode never re-copies the whole cache."""
+    rank, rope = kv.shape[-1], k_pe.shape[-1]
+    if (kv.dim() == 3 and kv.shape[:2] == k_pe.shape[:2] and kv.dtype == k_pe.dtype
+            and kv.stride() == k_pe.stride() and kv.stride(-1) == 1 and kv.stride(1) >= rank + rope
+            and k_pe.data_ptr() == kv.data_ptr() + rank * kv.element_size()
+            and kv.untyped_storage().data_ptr() == k_pe.untyped_storage().data_ptr()):
+        B, N = kv.shape[:2]
+        return kv.as_strided((B, N, 1, rank + rope), (kv.stride(0), kv.stride(1), rank + rope, 1))
+    return torch.cat([kv, k_pe], dim=-1).unsqueeze(2)

@@ -9,6 +9,7 @@ An optional capacity factor keeps only the first `capacity` assignments per expe
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,7 @@ from openglm.model.config import ModelConfig
 from openglm.model.router import Router, balance_losses
 
 ACT = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
+FEW_ROWS = 4  # experts with at most this many rows (decode) take the small-matmul path
 
 
 class MLP(nn.Module):
@@ -70,6 +72,10 @@ class Experts(nn.Module):
     def _grouped(self, xs: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """One SwiGLU per active expert over its contiguous slice of the expert-sorted rows."""
         ys = torch.empty_like(xs)
+        # The in-place path writes matmul results straight into `ys`, so it needs the matmuls to run in
+        # `ys`'s dtype: not under autocast (e.g. bf16 validation of an fp32 model), which changes it.
+        if not torch.is_grad_enabled() and not torch.is_autocast_enabled(xs.device.type):
+            return self._grouped_inference(xs, counts, ys)
         start = 0
         for e, n in enumerate(counts):
             if n:
@@ -77,6 +83,40 @@ class Experts(nn.Module):
                 ys[start:start + n] = F.linear(self.act(gate) * up, self.down_proj[e])
                 start += n
         return ys
+
+    def _grouped_inference(self, xs: torch.Tensor, counts: list[int], ys: torch.Tensor) -> torch.Tensor:
+        """`_grouped` without autograd: fewer ops per expert (in-place activation, results written
+        straight into `ys`), which is what a decode step with ~1 token per expert is bound by."""
+        active = [(e, x, y) for e, (x, y) in enumerate(zip(xs.split(counts), ys.split(counts))) if len(x)]
+        few = [a for a in active if len(a[1]) <= FEW_ROWS]
+        many = [a for a in active if len(a[1]) > FEW_ROWS]
+        if few and xs.dtype in (torch.bfloat16, torch.float16):
+            # oneDNN spends ~40us setting up each reduced-precision matmul of a handful of rows; ATen's
+            # own gemm does one in ~10us (larger row counts are faster through oneDNN again).
+            with _without_onednn():
+                self._swiglu_rows(few)
+        else:
+            many = few + many
+        self._swiglu_rows(many)
+        return ys
+
+    def _swiglu_rows(self, groups) -> None:
+        for e, x, y in groups:
+            gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+            torch.mm(self.act(gate).mul_(up), self.down_proj[e].t(), out=y)
+
+
+@contextmanager
+def _without_onednn():
+    """Route matmuls to ATen's gemm for the block. (torch.backends.mkldnn.flags does the same but also
+    re-sets the TF32 flag, which warns on every CPU-only build.) The switch is process-wide: a matmul
+    on another thread meanwhile takes the ATen path too, which changes its speed, not its result."""
+    was = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(was)
 
 
 @dataclass

@@ -10,20 +10,24 @@ The agent-facing API is `CodeIndex`:
 Attributes are resolved lazily so `import openglm.retrieval` stays cheap (no FAISS, no torch).
 """
 
+from openglm._lazy import lazy_exports
+
 _EXPORTS = {
-    "CodeIndex": "code_index", "Hit": "code_index", "UpdateStats": "code_index",
-    "Chunk": "chunking", "chunk_file": "chunking", "chunk_python": "chunking",
-    "Embedder": "embedder", "default_model_path": "embedder",
-    "VectorIndex": "vector", "VectorConfig": "vector", "ladder_config": "vector", "STAGES": "vector",
-    "BM25Index": "lexical", "reciprocal_rank_fusion": "lexical",
+    "CodeIndex": "openglm.retrieval.code_index",
+    "Hit": "openglm.retrieval.code_index",
+    "UpdateStats": "openglm.retrieval.code_index",
+    "search_repository": "openglm.retrieval.code_index",
+    "Chunk": "openglm.retrieval.chunking",
+    "chunk_file": "openglm.retrieval.chunking",
+    "chunk_python": "openglm.retrieval.chunking",
+    "Embedder": "openglm.retrieval.embedder",
+    "default_model_path": "openglm.retrieval.embedder",
+    "VectorIndex": "openglm.retrieval.vector",
+    "VectorConfig": "openglm.retrieval.vector",
+    "ladder_config": "openglm.retrieval.vector",
+    "STAGES": "openglm.retrieval.vector",
+    "BM25Index": "openglm.retrieval.lexical",
+    "reciprocal_rank_fusion": "openglm.retrieval.lexical",
 }
-
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

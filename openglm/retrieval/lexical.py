@@ -63,11 +63,17 @@ def _bm25(documents: list[str]):
     return model
 
 
-def reciprocal_rank_fusion(rankings: list[list[int]], k: int, c: float = 60.0) -> list[tuple[int, float]]:
-    """Fuse ranked id lists: score(id) = sum over lists of 1 / (c + rank). Robust to the very
-    different score scales of BM25 and cosine similarity (Cormack et al., 2009)."""
+def reciprocal_rank_fusion(rankings: list[list[int]], k: int, c: float = 60.0,
+                           weights: list[float] | tuple[float, ...] | None = None) -> list[tuple[int, float]]:
+    """Fuse ranked id lists: score(id) = sum over lists of w / (c + rank). Robust to the very
+    different score scales of BM25 and cosine similarity (Cormack et al., 2009); `weights`
+    (one per list, default all 1) let a more reliable ranking count more."""
+    weights = [1.0] * len(rankings) if weights is None else list(weights)
+    if len(weights) != len(rankings) or min(weights, default=0.0) < 0:
+        raise ValueError(f"reciprocal_rank_fusion: need one non-negative weight per ranking, got {weights} "
+                         f"for {len(rankings)} rankings")
     fused: dict[int, float] = {}
-    for ranking in rankings:
+    for ranking, w in zip(rankings, weights):
         for rank, item in enumerate(ranking):
-            fused[item] = fused.get(item, 0.0) + 1.0 / (c + rank + 1)
+            fused[item] = fused.get(item, 0.0) + w / (c + rank + 1)
     return sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))[:k]

@@ -182,7 +182,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("swe-gen", help="generate bug-injection instances from pinned PyPI packages")
     p.add_argument("--packages", nargs="*", help="subset of the pinned packages (default: all)")
-    p.add_argument("--per-package", type=int, default=25)
+    p.add_argument("--per-package", type=int, default=30, help="instances per package (30 = the benchmark set)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=".bench/swe-gen")
     p.add_argument("--queries", default=".bench/localize/queries.jsonl")

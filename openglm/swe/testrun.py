@@ -7,8 +7,10 @@ benchmark generator.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,7 +60,9 @@ def pytest_config_args(repo: Path) -> list[str]:
             return ["--rootdir", str(repo)]
     global _EMPTY_INI
     if _EMPTY_INI is None or not Path(_EMPTY_INI).exists():
-        _EMPTY_INI = str(Path(tempfile.mkdtemp(prefix="openglm-pytest-")) / "pytest.ini")
+        folder = tempfile.mkdtemp(prefix="openglm-pytest-")
+        atexit.register(shutil.rmtree, folder, True)
+        _EMPTY_INI = str(Path(folder) / "pytest.ini")
         Path(_EMPTY_INI).write_text("[pytest]\n")
     return ["-c", _EMPTY_INI, "--rootdir", str(repo)]
 

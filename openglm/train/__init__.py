@@ -6,14 +6,15 @@
 Imports are lazy so `openglm --help` stays fast.
 """
 
-_LAZY = {"TrainConfig": "openglm.train.config", "RECIPES": "openglm.train.config", "train": "openglm.train.trainer",
-         "Trainer": "openglm.train.trainer", "TrainResult": "openglm.train.trainer",
-         "TrainingDiverged": "openglm.train.trainer"}
+from openglm._lazy import lazy_exports
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'openglm.train' has no attribute {name!r}")
+_EXPORTS = {
+    "TrainConfig": "openglm.train.config",
+    "RECIPES": "openglm.train.config",
+    "train": "openglm.train.trainer",
+    "Trainer": "openglm.train.trainer",
+    "TrainResult": "openglm.train.trainer",
+    "TrainingDiverged": "openglm.train.trainer",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,14 +15,9 @@ import redis
 from openglm.agent.config import AgentConfig
 from openglm.agent.store.redis_store import RedisStore
 from openglm.agent.store.sqlite_store import SQLiteStore
+from testutil import free_port
 
 sys.path.insert(0, os.path.dirname(__file__))  # agent_testkit.py (tests use --import-mode=importlib)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig
@@ -67,3 +68,58 @@ def test_chunked_prefill_matches():
         cache = DynamicCache()
         parts = [m(ids[:, a:b], cache=cache).logits for a, b in ((0, 5), (5, 12), (12, 21))]
     assert (full - torch.cat(parts, 1)).abs().max() <= TOL
+
+
+def _entries(B, T, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"kv": torch.randn(B, T, 6, generator=g), "k_pe": torch.randn(B, T, 2, generator=g),
+            "index_k": torch.randn(B, T, 3, generator=g)}
+
+
+def test_dynamic_cache_writes_in_place_grows_and_returns_the_concatenation():
+    from openglm.model.cache import CAPACITY_STEP
+
+    cache = DynamicCache()
+    chunks = [_entries(2, CAPACITY_STEP - 1, 0)] + [_entries(2, 1, s) for s in range(1, 4)]
+    for i, chunk in enumerate(chunks):
+        out = cache.update(0, chunk)
+        want = {k: torch.cat([c[k] for c in chunks[:i + 1]], 1) for k in chunk}
+        assert all(torch.equal(out[k], want[k]) for k in want)
+    assert cache.get_seq_length() == CAPACITY_STEP + 2  # grew past the first buffer
+    before = cache.layers[0]["kv"].data_ptr()
+    cache.update(0, _entries(2, 1, 9))  # room left: no reallocation, same storage
+    assert cache.layers[0]["kv"].data_ptr() == before
+    with pytest.raises(KeyError, match="index_k"):
+        cache.update(0, {"kv": torch.zeros(2, 1, 6), "k_pe": torch.zeros(2, 1, 2)})
+    with pytest.raises(ValueError, match="k_pe"):
+        cache.update(0, {**_entries(2, 1, 5), "k_pe": torch.zeros(2, 1, 5)})
+    cache.reorder(torch.tensor([1]))
+    assert cache.layers[0]["kv"].shape == (1, CAPACITY_STEP + 3, 6)
+
+
+def test_cache_entries_of_different_dtypes_keep_their_dtype():
+    cache = DynamicCache()
+    e = {"kv": torch.randn(1, 2, 4, dtype=torch.bfloat16), "index_k": torch.randn(1, 2, 3)}
+    out = cache.update(3, e)
+    assert out["kv"].dtype == torch.bfloat16 and out["index_k"].dtype == torch.float32
+    assert torch.equal(out["index_k"], e["index_k"]) and torch.equal(out["kv"], e["kv"])
+
+
+def test_latent_keys_are_a_zero_copy_view_of_the_cache_and_equal_the_concatenation():
+    from openglm.model.attend import attend_gathered
+    from openglm.model.attention import latent_keys
+
+    cache = DynamicCache()
+    cache.update(0, _entries(3, 10, 1))
+    out = cache.update(0, _entries(3, 1, 2))
+    keys = latent_keys(out["kv"], out["k_pe"])
+    want = torch.cat([out["kv"], out["k_pe"]], -1).unsqueeze(2)
+    assert torch.equal(keys, want)
+    assert keys.untyped_storage().data_ptr() == out["kv"].untyped_storage().data_ptr()
+    separate = latent_keys(out["kv"].clone(), out["k_pe"].clone())  # not adjacent: a copy, same values
+    assert torch.equal(separate, want)
+    # the gathered attention reads rows of the strided cache view exactly like a contiguous copy
+    q = torch.randn(3, 1, 4, 8)
+    idx = torch.randint(0, 11, (3, 1, 5))
+    got = attend_gathered(q, keys, None, idx, None, 0.4, v_dim=6)
+    assert torch.allclose(got, attend_gathered(q, want.contiguous(), None, idx, None, 0.4, v_dim=6), atol=1e-6)

@@ -136,3 +136,40 @@ def test_model_reports_dropped_fraction():
     m = GlmMoeDsaForCausalLM(cfg)
     aux = m(torch.randint(3, cfg.vocab_size, (2, 16)), return_aux=True).aux
     assert 0.5 <= aux.dropped_fraction < 1.0  # capacity covers at most half the assignments
+
+
+def test_inference_expert_path_equals_the_autograd_path_in_fp32_and_bf16():
+    """No-grad forwards take a leaner expert loop (and, in bf16, ATen's gemm for experts with few rows);
+    both must give what the differentiable loop gives. 40 tokens over 6 experts mixes few-row and
+    many-row experts."""
+    cfg = _cfg(n_routed_experts=6, num_experts_per_tok=2, n_shared_experts=1, router="sigmoid")
+    moe = _moe(cfg, torch.randn(6, 4).tolist())
+    for n_tokens in (3, 40):
+        x = torch.randn(1, n_tokens, 4)
+        trained = moe(x)[0].detach()
+        with torch.no_grad():
+            inferred = moe(x)[0]
+            counts = torch.bincount(moe.gate(x[0]).indices.reshape(-1), minlength=6)
+        assert torch.allclose(inferred, trained, atol=1e-6)
+        half = MoE(cfg).to(torch.bfloat16)
+        half.load_state_dict(moe.state_dict())
+        with torch.no_grad():
+            out16 = half(x.bfloat16())[0].float()
+        assert (out16 - trained).abs().max() <= 0.05 * trained.abs().max()
+        if n_tokens == 3:
+            assert counts.max() <= 4  # every active expert took the few-rows path
+    assert torch._C._get_mkldnn_enabled()  # the oneDNN switch is restored afterwards
+
+
+def test_no_grad_under_bf16_autocast_matches_grad_enabled_forward():
+    """Validation of an fp32 model under bf16 autocast runs without gradients: the expert loop must
+    accept matmul outputs in autocast's dtype (a regression: it wrote them into an fp32 buffer)."""
+    torch.manual_seed(0)
+    model = GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny")).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 48))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        trained = model(ids).logits.detach().float()
+        with torch.no_grad():
+            inferred = model(ids).logits.float()
+    assert torch.isfinite(inferred).all()
+    assert torch.allclose(inferred, trained, atol=1e-5)

@@ -150,7 +150,7 @@ def naive_indexer(iq, ik, w, topk, mask, scale):
     return sc.topk(min(topk, ik.shape[1]), -1).indices, allow
 
 
-@pytest.mark.parametrize("chunk_budget", [1 << 10, 1 << 26])
+@pytest.mark.parametrize("chunk_budget", [1 << 10, 1 << 13, 1 << 26])  # 1 << 13: chunks of 2 blocks
 def test_dsa_gather_matches_dense_mask_reference(chunk_budget):
     q, k, v = qkv(b=3, h=4, hkv=1, t=36, dk=10, dv=7, seed=5)  # MQA, as MLA's absorbed form
     g = torch.Generator().manual_seed(6)
@@ -205,3 +205,70 @@ def test_mla_absorbed_form_equals_expanded_heads(kind):
     q, k, v = mla_absorbed(q_nope, q_pe, w_uk, lat, k_pe)
     out = torch.einsum("bhtr,hrd->bhtd", attention(q, k, v, PATTERNS[kind], scale=scale), w_uv)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_dsa_gather_autograd_path_equals_inference_path():
+    q, k, v = qkv(b=2, h=4, hkv=2, t=30, seed=11)
+    g = torch.Generator().manual_seed(12)
+    idx = torch.randint(0, 30, (2, 30, 7), generator=g)
+    idx = torch.where(idx <= torch.arange(30)[None, :, None], idx, -1)  # causal; early rows partly unused
+    idx[1, 4] = -1  # a query with nothing selected returns zeros
+    with torch.no_grad():
+        fast = gather_attention(q, k, v, idx)
+    qg = q.clone().requires_grad_()
+    slow = gather_attention(qg, k, v, idx)
+    torch.testing.assert_close(slow, fast, **TOL)
+    assert torch.equal(fast[1, :, 4], torch.zeros_like(fast[1, :, 4]))
+    slow.sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all() and qg.grad.abs().sum() > 0
+
+
+def test_dsa_bf16_indexer_selects_the_top_k_of_bf16_scores():
+    g = torch.Generator().manual_seed(13)
+    iq, ik = torch.randn(1, 40, 2, 16, generator=g), torch.randn(1, 40, 16, generator=g)
+    w = torch.rand(1, 40, 2, generator=g)
+    got = indexer_topk(iq, ik, w, topk=8, score_dtype=torch.bfloat16)
+    sc = torch.relu(torch.einsum("bqhd,bkd->bqhk", iq.bfloat16(), ik.bfloat16())).float() * 16 ** -0.5
+    sc = torch.einsum("bqh,bqhk->bqk", w.bfloat16().float(), sc)
+    sc = sc.masked_fill(torch.ones(40, 40, dtype=torch.bool).triu(1), float("-inf"))
+    for i in range(8, 40):  # rows with more visible keys than k: the k chosen are the k best (ties aside)
+        chosen = sc[0, i, got[0, i]]
+        rest = sc[0, i].clone()
+        rest[got[0, i]] = float("-inf")
+        assert chosen.min() >= rest.max() - 0.05 * chosen.abs().max()
+
+
+def test_dsa_rejects_bad_score_dtype_and_scale():
+    iq, ik, w = torch.randn(1, 5, 2, 4), torch.randn(1, 5, 4), torch.rand(1, 5, 2)
+    with pytest.raises(ValueError, match="score_dtype"):
+        indexer_topk(iq, ik, w, 2, score_dtype=torch.float16)
+    with pytest.raises(ValueError, match="positive"):
+        indexer_topk(iq, ik, w, 2, scale=-1.0)
+
+
+def test_topk_prefilter_is_exact_and_falls_back_when_the_sample_overshoots():
+    from openglm.model import sparse_dsa
+    g = torch.Generator().manual_seed(14)
+    n_top, tk = 32, 4096  # long enough rows for the prefilter
+    sc = torch.randn(2, 5, tk, generator=g)
+    sc[0, 1, 2000:] = float("-inf")  # causal / padding cut
+    sc[0, 2, 20:] = float("-inf")  # fewer visible keys than k: -1 entries
+    sc[1, 3] = torch.rand(tk, generator=g)
+    sc[1, 3, ::sparse_dsa.PREFILTER_STRIDE] += 10.0  # the sampled scores are the largest: sample overshoots
+    got = sparse_dsa._top_slots(sc, n_top)
+    vals, ref = sc.topk(n_top, -1)
+    ref = ref.masked_fill(vals == float("-inf"), -1)
+    assert torch.equal(got.sort(-1).values, ref.sort(-1).values)
+    assert (got[0, 2] == -1).sum() == n_top - 20
+
+
+def test_dsa_bf16_values_stay_close_to_fp32():
+    q, k, v = qkv(b=1, h=4, hkv=1, t=48, dk=8, dv=8, seed=15)
+    g = torch.Generator().manual_seed(16)
+    iq, ik, w = torch.randn(1, 48, 2, 8, generator=g), torch.randn(1, 48, 8, generator=g), torch.rand(1, 48, 2, generator=g)
+    exact = dsa_attention(q, k, v, iq, ik, w, 12)
+    fast = dsa_attention(q, k, v, iq, ik, w, 12, value_dtype=torch.bfloat16)
+    assert not torch.equal(fast, exact)  # the option does change the arithmetic
+    torch.testing.assert_close(fast, exact, atol=3e-2, rtol=3e-2)
+    with pytest.raises(ValueError, match="value_dtype"):
+        dsa_attention(q, k, v, iq, ik, w, 12, value_dtype=torch.float16)

@@ -25,3 +25,20 @@ def test_reciprocal_rank_fusion_rewards_agreement():
     fused = reciprocal_rank_fusion([[1, 2, 3], [4, 2, 5]], k=3)
     assert [i for i, _ in fused] == [2, 1, 4]  # second in both lists beats first in one (ties: by id)
     assert abs(fused[0][1] - 2 / 62) < 1e-12 and abs(fused[1][1] - 1 / 61) < 1e-12
+
+
+def test_weighted_fusion_lets_the_stronger_ranking_lead():
+    dense, lexical = [7, 8, 9], [9, 8, 7]
+    assert [i for i, _ in reciprocal_rank_fusion([dense, lexical], k=3)] == [7, 9, 8]  # unweighted: 7 and 9 tie (by id)
+    fused = reciprocal_rank_fusion([dense, lexical], k=3, weights=[0.5, 1.0])
+    assert [i for i, _ in fused] == [9, 8, 7]
+    assert abs(fused[0][1] - (0.5 / 63 + 1 / 61)) < 1e-12
+
+
+def test_fusion_rejects_bad_weights():
+    import pytest
+
+    with pytest.raises(ValueError, match="one non-negative weight per ranking"):
+        reciprocal_rank_fusion([[1], [2]], k=1, weights=[1.0])
+    with pytest.raises(ValueError):
+        reciprocal_rank_fusion([[1], [2]], k=1, weights=[1.0, -1.0])

@@ -121,3 +121,19 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
         VectorIndex.load(tmp_path / "missing")
     with pytest.raises(ValueError, match="build-time"):
         VectorIndex(4).set_search(nlist=3)
+
+
+def test_residual_codes_follow_the_metric_and_survive_a_reload(tmp_path, data):
+    assert ladder_config("rerank", 10**6, 128, metric="l2").pq_residual
+    assert not ladder_config("rerank", 10**6, 384, metric="ip").pq_residual
+    xb, xq, truth, _ = data
+    index = VectorIndex(DIM, ladder_config("rerank", len(xb), DIM, metric="l2", pq_residual=False))
+    index.add(xb)
+    assert not index.index.by_residual
+    index.set_search(nprobe=index.config.nlist, prune_ratio=0.0, rerank=30)
+    before = index.search(xq, K)[1]
+    index.save(tmp_path)
+    again = VectorIndex.load(tmp_path)
+    assert not again.config.pq_residual and not again.index.by_residual
+    np.testing.assert_array_equal(again.search(xq, K)[1], before)
+    assert np.mean([len(set(a) & set(t)) / K for a, t in zip(before, truth)]) > 0.95

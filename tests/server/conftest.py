@@ -2,7 +2,6 @@
 servers with unusual settings. Both use a random-weight tiny checkpoint."""
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -11,17 +10,12 @@ import time
 import httpx
 import pytest
 import torch
+from testutil import free_port
 
 torch.set_num_threads(1)  # small matmuls on a shared 2-core machine
 
 API_KEY = "test-key-123"
 MODEL = "tiny-test"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_healthy(url: str, proc=None, timeout: float = 90.0) -> None:

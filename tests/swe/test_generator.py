@@ -92,3 +92,73 @@ def test_generated_instances_grade_like_swebench(tmp_path, make_repo):
     export_queries(instances, tmp_path / "q.jsonl")
     rows = [json.loads(x) for x in (tmp_path / "q.jsonl").read_text().splitlines()]
     assert [r["function"] for r in rows] == [i["openglm_bug"]["function"] for i in instances]
+
+
+def _single_module_package(counter) -> dict:
+    """A one-module package (laid out like `parse`: tinymod.py at the root) with three traps:
+    `ratio` gives honest mutants; every mutant of `load` fails its covering test alone but passes
+    inside the whole file (an earlier test warms the cache): order-dependent; `shout`'s test file
+    holds a test that fails on every other run: flaky."""
+    return {
+        "tinymod.py": """
+            _cache = {}
+
+            def ratio(a, b):
+                return round(a / b, 2)
+
+            def load(key):
+                if key not in _cache:
+                    _cache[key] = key.upper()
+                return _cache[key]
+
+            def shout(word):
+                return word.upper() + "!"
+            """,
+        "tests/test_mod.py": """
+            import tinymod
+
+            def test_ratio():
+                assert tinymod.ratio(1, 4) == 0.25
+
+            def test_a_warms_the_cache():
+                tinymod._cache["x"] = "X"
+
+            def test_load():
+                assert tinymod.load("x") == "X"
+            """,
+        "tests/test_flaky.py": f"""
+            import pathlib
+
+            import tinymod
+
+            COUNTER = pathlib.Path({str(counter)!r})
+
+            def test_shout():
+                assert tinymod.shout("a") == "A!"
+
+            def test_every_other_run():
+                n = int(COUNTER.read_text()) if COUNTER.exists() else 0
+                COUNTER.write_text(str(n + 1))
+                assert n % 2 == 0
+            """,
+    }
+
+
+def test_mutants_are_validated_as_the_harness_grades_them(tmp_path, make_repo):
+    spec = PackageSpec("tinymod", "0.1", ("tinymod.py",), ("tests",))
+    make_repo(f"gen/repos/pypi__{spec.slug}", _single_module_package(tmp_path / "counter"))
+    config = GenConfig(out_dir=tmp_path / "gen", per_package=3, seed=0, max_tries_per_function=4)
+    miner = PackageMiner(spec, config)
+    instances = miner.mine()
+    # a single-module package is measured (coverage.py cannot take a file as its source)
+    assert {i["openglm_bug"]["function"] for i in instances} == {"ratio"} and len(instances) == 1
+    # load's mutants and shout's mutants were screened in, then refused for the right reasons
+    assert miner.rejected["FAIL_TO_PASS differs when graded"] >= 1
+    assert miner.rejected["flaky or ungradable"] >= 1
+    (inst,) = instances
+    # graded over the whole test file: PASS_TO_PASS holds tests that never run the buggy line
+    assert inst["FAIL_TO_PASS"] == ["tests/test_mod.py::test_ratio"]
+    assert inst["PASS_TO_PASS"] == ["tests/test_mod.py::test_a_warms_the_cache", "tests/test_mod.py::test_load"]
+    config = HarnessConfig(run_id="v", out_dir=tmp_path / "out", repos_dir=tmp_path / "gen" / "repos", timeout=120)
+    assert run_evaluation(instances, load_predictions("gold", instances), config)["resolved_instances"] == 1
+    assert run_evaluation(instances, load_predictions("empty", instances), config)["resolved_instances"] == 0

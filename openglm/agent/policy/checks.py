@@ -1,7 +1,7 @@
 """The policy's checking tools, run as shell commands in the workspace so that their work and
 output go through the runtime's step protocol (recorded, snapshotted, replayable):
 
-    python -m openglm.agent.policy.checks repomap|localize|bisect|regress|score|suite < request.json
+    python -m openglm.agent.policy.checks repomap|localize|search|bisect|regress|score|suite < request.json
 
 Each prints a human-readable summary and, on its last line, `OPENGLM-CHECK <json>` for the policy.
 """
@@ -35,6 +35,16 @@ def localize(req: dict) -> None:
     text = "\n".join(f"top {level}:\n  " + "\n  ".join(v) for level, v in top.items())
     _emit(f"observed failing tests: {out['observed_failing']}\n{text}", {"top": top,
                                                                          "failing": out["observed_failing"]})
+
+
+def search(req: dict) -> None:
+    """The code knowledge base (openglm.retrieval): the repo's index if built, else live BM25."""
+    from openglm.retrieval.code_index import search_repository
+
+    hits, how = search_repository(".", req["query"], k=int(req.get("k", 10)), mode=req.get("mode", "hybrid"))
+    rows = [{"location": h.location, "name": h.name, "score": round(h.score, 4)} for h in hits]
+    text = "\n".join(f"  {r['location']}  {r['name']}  {r['score']}" for r in rows) or "  (no match)"
+    _emit(f"code search ({how}) for {req['query'][:80]!r}:\n{text}", {"how": how, "hits": rows})
 
 
 def bisect(req: dict) -> None:
@@ -87,7 +97,7 @@ def suite(req: dict) -> None:
           {"ok": ok, "passed": len(run.passed), "failed": run.failed[:50]})
 
 
-COMMANDS = {f.__name__: f for f in (repomap, localize, bisect, regress, score, suite)}
+COMMANDS = {f.__name__: f for f in (repomap, localize, search, bisect, regress, score, suite)}
 
 
 def main(argv: list[str]) -> int:

@@ -19,6 +19,9 @@ PHASE_DONE = _spec("phase_done", "Finish the current phase.",
                    {"summary": _STR, "failing_tests": _LIST}, ["summary"])
 LOCALIZE = _spec("localize", "Rank suspicious files/functions/lines (traceback, coverage SBFL, text).",
                  {"failing_tests": _LIST, "issue": _STR}, ["failing_tests"])
+SEARCH_CODE = _spec("search_code", "Search the code base (identifiers or a description): best chunks as "
+                    "path:start-end and name; uses the repo's code index when built, else BM25.",
+                    {"query": _STR, "k": {"type": "integer"}}, ["query"])
 BISECT = _spec("bisect", "git bisect run: first bad commit between `good` and HEAD.",
                {"good": _STR, "command": _STR}, ["good", "command"])
 REGRESSION = _spec("regression_test", "Write a regression test file and run the test; it must fail now.",
@@ -32,11 +35,11 @@ RUN_SUITE = _spec("run_suite", "Run the whole test suite.", {}, [])
 
 PHASE_TOOLS = {
     "environment": [PHASE_DONE],
-    "diagnosis": [LOCALIZE, BISECT, PHASE_DONE],
+    "diagnosis": [LOCALIZE, SEARCH_CODE, BISECT, PHASE_DONE],
     "design": [REGRESSION, CANDIDATES],
     "verification": [RUN_SUITE],
 }
-CHECKS = {"localize": "localize", "bisect": "bisect", "regression_test": "regress",
+CHECKS = {"localize": "localize", "search_code": "search", "bisect": "bisect", "regression_test": "regress",
           "propose_candidates": "score", "run_suite": "suite"}
 
 

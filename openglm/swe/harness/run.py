@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from openglm.swe.gitutil import git
 from openglm.swe.harness.env import apply_patch, checkout, make_venv, run_in_venv
 from openglm.swe.harness.grading import instance_report
 from openglm.swe.logparse import parse_log
@@ -43,11 +44,75 @@ def test_files(instance: dict) -> list[str]:
     return sorted(set(files))
 
 
+def pytest_command(files: list[str] | tuple[str, ...]) -> str:
+    targets = " ".join(f"'{f}'" for f in files)
+    return f"python -m pytest -rA -p no:cacheprovider -o addopts= --tb=short {targets}"
+
+
 def test_command(instance: dict) -> str:
     if instance.get("test_cmd"):  # openglm extension: an explicit command wins
         return instance["test_cmd"]
-    targets = " ".join(f"'{f}'" for f in test_files(instance))
-    return f"python -m pytest -rA -p no:cacheprovider -o addopts= --tb=short {targets}"
+    return pytest_command(test_files(instance))
+
+
+class Sandbox:
+    """Where an instance's tests run: a private checkout at base_commit and a private venv.
+
+    Used by run_instance and by the benchmark generator, so a mutant is validated exactly as it
+    will be graded. `reset` brings the checkout back to base_commit, so several patches can be
+    tried in one sandbox."""
+
+    def __init__(self, instance: dict, config: HarnessConfig):
+        self.instance, self.config = instance, config
+        self.work = Path(tempfile.mkdtemp(prefix=f"swe-{instance['instance_id']}-"))
+        self.repo, self.venv = self.work / "repo", self.work / "venv"
+        self.log: list[str] = []
+        try:
+            t0 = time.time()
+            checkout(instance, config.repos_dir, self.repo)
+            python = make_venv(self.venv, self.repo, instance.get("openglm_pythonpath"))
+            self.log.append(f"checkout + venv ({python}) in {time.time() - t0:.1f}s")
+            if config.install_cmd:
+                proc = run_in_venv(self.venv, self.repo, config.install_cmd, config.timeout)
+                self.log.append(f"$ {config.install_cmd} -> {proc.returncode}\n{proc.stdout[-4000:]}")
+        except BaseException:
+            self.close()
+            raise
+
+    def apply(self, patch: str) -> bool:
+        """Apply a model patch; False (and the log says why) when it does not apply."""
+        applied, plog = apply_patch(self.repo, patch)
+        self.log.append(plog)
+        return applied
+
+    def run_tests(self) -> tuple[dict[str, str], str]:
+        """Apply the test patch, run the instance's test command; ({test: status}, output).
+        Raises RuntimeError when the test patch does not apply or the log has no per-test result."""
+        t_applied, tlog = apply_patch(self.repo, self.instance.get("test_patch") or "")
+        self.log.append(tlog)
+        if not t_applied:
+            raise RuntimeError("the instance's test_patch does not apply")
+        cmd = test_command(self.instance)
+        self.log.append(f"$ {cmd}")
+        proc = run_in_venv(self.venv, self.repo, cmd, self.config.timeout)
+        status = parse_log(proc.stdout)
+        if not status:
+            raise RuntimeError("test log could not be parsed (no per-test results)")
+        return status, proc.stdout
+
+    def reset(self) -> None:
+        git(self.repo, "checkout", "--quiet", "--force", "--detach", self.instance["base_commit"])
+        git(self.repo, "clean", "-q", "-fdx")
+
+    def close(self) -> None:
+        if not self.config.keep_workdirs:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def run_instance(instance: dict, pred: dict, config: HarnessConfig) -> dict:
@@ -57,43 +122,22 @@ def run_instance(instance: dict, pred: dict, config: HarnessConfig) -> dict:
     log_dir.mkdir(parents=True, exist_ok=True)
     patch = pred.get("model_patch")
     (log_dir / "patch.diff").write_text(patch or "")
-    log = []
-    work = Path(tempfile.mkdtemp(prefix=f"swe-{instance['instance_id']}-"))
+    log: list[str] = []
     report: dict
     try:
-        repo = work / "repo"
-        t0 = time.time()
-        checkout(instance, config.repos_dir, repo)
-        python = make_venv(work / "venv", repo, instance.get("openglm_pythonpath"))
-        log.append(f"checkout + venv ({python}) in {time.time() - t0:.1f}s")
-        if config.install_cmd:
-            proc = run_in_venv(work / "venv", repo, config.install_cmd, config.timeout)
-            log.append(f"$ {config.install_cmd} -> {proc.returncode}\n{proc.stdout[-4000:]}")
-        applied, plog = apply_patch(repo, patch or "")
-        log.append(plog)
-        if not applied:
-            log.append(">>>>> Patch Apply Failed")
-            report = instance_report(instance, patch, False, None)
-        else:
-            t_applied, tlog = apply_patch(repo, instance.get("test_patch") or "")
-            log.append(tlog)
-            if not t_applied:
-                raise RuntimeError("the instance's test_patch does not apply")
-            cmd = test_command(instance)
-            log.append(f"$ {cmd}")
-            proc = run_in_venv(work / "venv", repo, cmd, config.timeout)
-            (log_dir / "test_output.txt").write_text(proc.stdout)
-            status = parse_log(proc.stdout)
-            if not status:
-                raise RuntimeError("test log could not be parsed (no per-test results)")
-            report = instance_report(instance, patch, True, status)
+        with Sandbox(instance, config) as box:
+            log = box.log
+            if not box.apply(patch or ""):
+                log.append(">>>>> Patch Apply Failed")
+                report = instance_report(instance, patch, False, None)
+            else:
+                status, output = box.run_tests()
+                (log_dir / "test_output.txt").write_text(output)
+                report = instance_report(instance, patch, True, status)
     except Exception as e:  # infrastructure failure: counted as an error, the run goes on
         log.append(f">>>>> Infrastructure failure: {type(e).__name__}: {e}")
         report = instance_report(instance, patch, False, None)
         report[instance["instance_id"]]["error"] = f"{type(e).__name__}: {e}"
-    finally:
-        if not config.keep_workdirs:
-            shutil.rmtree(work, ignore_errors=True)
     (log_dir / "run_instance.log").write_text("\n".join(log) + "\n")
     _write_json(log_dir / "report.json", report)
     return report

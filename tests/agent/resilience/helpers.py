@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import http.server
 import json
-import socket
 import sys
 import threading
 import time
+
+from testutil import free_port
 
 MB = 1024 * 1024
 
@@ -55,12 +56,6 @@ IDLE = "import time; time.sleep(120)"
 
 def py(code: str, *args) -> list[str]:
     return [sys.executable, "-c", code, *map(str, args)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FaultServer:
