@@ -76,8 +76,8 @@ class _LayerBuffer:
 
 
 class DynamicCache:
-    """Preallocated per-layer buffers, grown by doubling; `update` writes new positions in place and
-    returns views of the filled part. `layers[i]` gives layer i's entries as a dict of views."""
+    """Preallocated per-layer buffers, grown geometrically (by a quarter); `update` writes new positions
+    in place and returns views of the filled part. `layers[i]` gives layer i's entries as a dict of views."""
 
     def __init__(self):
         self._buffers: dict[int, list[_LayerBuffer]] = {}
