@@ -4,7 +4,7 @@ plus the SWE-bench-format harness figures on the same instances (gold, empty and
 For each instance the buggy revision is checked out and `openglm.swe.localize` runs with the
 instance's FAIL_TO_PASS tests and problem statement. A hit at file / function / line level means the
 injected bug's file / function / line is within the top-k of a technique's ranking. Results are
-cached per instance (.bench/localize/results.jsonl), so a rerun resumes.
+cached per instance (.bench/localize/results.seed<S>.jsonl), so a rerun resumes.
 
     flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_localize.py [--per-package 30]
         [--packages a b] [--harness] [--workers 2] [--json out.json]

@@ -54,10 +54,10 @@ def flops_per_token(model, cfg, seq_len: int) -> float:
 
 def dense_twin(moe_cfg):
     """A dense config with the same active parameters: every layer a SwiGLU MLP whose width averages the
-    MoE model's active widths (first dense layers: intermediate_size; MoE layers: (shared + top_k) experts)."""
-    n, k = moe_cfg.num_hidden_layers, moe_cfg.first_k_dense_replace
+    MoE model's active widths (dense layers: intermediate_size; MoE layers: (shared + top_k) experts)."""
+    n, n_moe = moe_cfg.num_hidden_layers, len(moe_cfg.moe_layers)
     moe_active = moe_cfg.moe_intermediate_size * (moe_cfg.n_shared_experts + moe_cfg.num_experts_per_tok)
-    width = round((k * moe_cfg.intermediate_size + (n - k) * moe_active) / n)
+    width = round(((n - n_moe) * moe_cfg.intermediate_size + n_moe * moe_active) / n)
     return moe_cfg.replace(intermediate_size=width, first_k_dense_replace=n, mlp_layer_types=["dense"] * n)
 
 

@@ -13,6 +13,7 @@ eos), `<|pad|>` pads. An assistant turn ends when the model emits the next role 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -187,14 +188,21 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
 
 
 def _render_chat(messages: list[dict], add_generation_prompt: bool) -> str:
+    return _chat_template().render(messages=messages, add_generation_prompt=add_generation_prompt)
+
+
+@functools.cache
+def _chat_template():
+    """The chat template, compiled once per process rather than on every render."""
     import jinja2
 
-    def raise_exception(msg):
-        raise TokenizerError(msg)
-
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=add_generation_prompt)
+    env.globals["raise_exception"] = _raise_template_error
+    return env.from_string(CHAT_TEMPLATE)
+
+
+def _raise_template_error(msg: str):
+    raise TokenizerError(msg)
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -49,23 +49,36 @@ def _print(obj):
     print(json.dumps(obj, indent=2, ensure_ascii=False))
 
 
+def _reporting_api_errors(func):
+    """Run a `task` action; an error answer from the task API is one line on stderr and exit 2."""
+
+    def run(args):
+        from openglm.client import GLMClientError
+
+        try:
+            return func(args)
+        except GLMClientError as e:
+            print(f"error: {e.detail}", file=sys.stderr)
+            return 2
+
+    return run
+
+
 def cmd_submit(args):
-    constraints = json.loads(args.constraints) if args.constraints else {}
+    try:
+        constraints = json.loads(args.constraints) if args.constraints else {}
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--constraints is not valid JSON: {e}") from None
+    if not isinstance(constraints, dict):
+        raise SystemExit("--constraints must be a JSON object")
     if args.timeout:
         constraints["timeout"] = args.timeout
     if args.resource:
         constraints["resource"] = args.resource
     if args.deliverable:
         constraints["deliverables"] = args.deliverable
-    from openglm.client import GLMClientError
-
-    try:
-        task_id = _client(args).submit_long_task(args.objective, constraints or None, workspace=args.workspace,
-                                                 repo=args.repo)
-    except GLMClientError as e:
-        print(f"error: {e.detail}", file=sys.stderr)
-        return 2
-    print(task_id)
+    print(_client(args).submit_long_task(args.objective, constraints or None, workspace=args.workspace,
+                                         repo=args.repo))
 
 
 def cmd_status(args):
@@ -116,7 +129,7 @@ def register(subparsers):
         p = sub.add_parser(name, help=help)
         p.add_argument("--server", default=os.environ.get("OPENGLM_AGENT_URL", DEFAULT_URL), help="task API URL")
         p.add_argument("--token", default=os.environ.get("OPENGLM_AGENT_TOKEN"), help="bearer token")
-        p.set_defaults(func=func, action=name)
+        p.set_defaults(func=_reporting_api_errors(func), action=name)
         return p
 
     p = add("submit", "submit a task; prints its id", cmd_submit)

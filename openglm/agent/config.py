@@ -27,6 +27,10 @@ class AgentConfig:
     def store_url(self) -> str:
         return self.store or str(Path(self.data_dir) / "agent.db")
 
+    def task_dir(self, task_id: str) -> Path:
+        """A task's own folder: its snapshots (snapshots.git) and the running command's record."""
+        return Path(self.data_dir) / "tasks" / task_id
+
     @classmethod
     def load(cls, path: str | None = None, **overrides) -> "AgentConfig":
         raw = json.loads(Path(path).read_text()) if path else {}

@@ -91,6 +91,11 @@ class RunContext:
         """The run's model (a FallbackModel exposes `.primary` and `.fallback`)."""
         return self._run.model
 
+    @property
+    def toolbox(self):
+        """The run's own tools: same workspace, limits and timeouts."""
+        return self._run.toolbox
+
     def request_input(self, question: str) -> None:
         """Stop after the current step in NEEDS_INPUT asking `question` (the recovery ladder's L5)."""
         with self._lock:

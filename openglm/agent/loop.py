@@ -124,9 +124,8 @@ class TaskRun:
         events += self.policy.after_step(self.ctx, self.state, record)
         self._commit(n, events, sha, outcome)
         self.state.add_step(n, response, observations, sha)
-        for e in events:
-            if e[0] == "phase":
-                self.state.phase, self.state.phase_data = e[1]["phase"], e[1].get("data", {})
+        for kind, data in events:
+            self.state.apply(kind, data)
         crashpoint("after_commit")
         for callback in self.hooks.step_callbacks:
             callback(self.ctx, record)
@@ -166,8 +165,8 @@ class TaskRun:
         return self._tool_call(call.name, call.arguments), None, None
 
     def _run_tool(self, name, args) -> ToolResult:
-        pidfile = self.snapshots.git_dir.parent / "running.pgid"
-        return self.toolbox.call(name, args, timeout=self.ctx.remaining_s, pidfile=pidfile,
+        return self.toolbox.call(name, args, timeout=self.ctx.remaining_s,
+                                 pidfile=running_pidfile(self.snapshots.git_dir.parent),
                                  should_stop=lambda: self.ctx.control == "cancel" or self.ctx.lease_lost)
 
     def check_deliverables(self) -> dict:
@@ -217,9 +216,14 @@ class TaskRun:
         return state
 
 
+def running_pidfile(task_dir) -> str:
+    """Where a run records the process group of the command it is running (the task dir holds snapshots.git)."""
+    return os.path.join(task_dir, "running.pgid")
+
+
 def kill_leftover_commands(task_dir) -> None:
     """Kill the process group of a command an earlier (killed) worker left running."""
-    pidfile = os.path.join(task_dir, "running.pgid")
+    pidfile = running_pidfile(task_dir)
     try:
         with open(pidfile) as f:
             pgid = int(f.read().strip())

@@ -103,7 +103,7 @@ def rollback(store, config: AgentConfig, task_id: str, step: int) -> Task:
     sha = state.steps.get(step)
     if sha is None:
         raise ConstraintError("step", f"{step!r} is not a committed step (have {sorted(state.steps)})")
-    snaps = Snapshots(task.workspace, Path(config.data_dir) / "tasks" / task_id / "snapshots.git", config.ignore)
+    snaps = Snapshots(task.workspace, config.task_dir(task_id) / "snapshots.git", config.ignore)
     snaps.restore(sha)
     store.append(task_id, [("rollback", state.step, {"to_step": step, "snapshot": sha})], {"snapshot": sha},
                  expect_state={task.state})

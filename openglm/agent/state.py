@@ -70,6 +70,20 @@ class AgentState:
                                             f"after step {to_step}; later changes are gone."}]))
         self.step, self.snapshot, self.pending = to_step, snapshot, None
 
+    def apply(self, kind: str, data: dict):
+        """Apply a context event (an answer, a phase, guidance, a condensation). The one place that
+        says what such an event does, so the live state and one rebuilt from the log cannot differ."""
+        if kind == "answer":
+            self.blocks.append(Block(self.step, [{"role": "user", "content": f"Answer from the user: {data['answer']}"}]))
+        elif kind == "phase":
+            self.phase, self.phase_data = data["phase"], data.get("data", {})
+        elif kind == "guidance":  # a message to the model from a layer above the loop (recovery ladder)
+            self.blocks.append(Block(self.step, [{"role": "user", "content": data["content"]}]))
+        elif kind == "loop_condensed":
+            self.condensed_steps.update(data["steps"])
+        elif kind == "condensation":
+            self.condensed_upto = max(self.condensed_upto, data["upto_step"])
+
 
 def _condense(text: str) -> str:
     if len(text) <= CONDENSED_CHARS:
@@ -89,16 +103,8 @@ def rebuild(initial: list[dict], events: list[Event]) -> AgentState:
         elif e.kind == "step_committed":
             response = st.pending if e.step > 0 else None
             st.add_step(e.step, response, observations.pop(e.step, []), e.data["snapshot"])
-        elif e.kind == "answer":
-            st.blocks.append(Block(st.step, [{"role": "user", "content": f"Answer from the user: {e.data['answer']}"}]))
         elif e.kind == "rollback":
             st.rollback(e.data["to_step"], e.data["snapshot"])
-        elif e.kind == "phase":
-            st.phase, st.phase_data = e.data["phase"], e.data.get("data", {})
-        elif e.kind == "guidance":  # a message to the model from a layer above the loop (recovery ladder)
-            st.blocks.append(Block(st.step, [{"role": "user", "content": e.data["content"]}]))
-        elif e.kind == "loop_condensed":
-            st.condensed_steps.update(e.data["steps"])
-        elif e.kind == "condensation":
-            st.condensed_upto = max(st.condensed_upto, e.data["upto_step"])
+        else:
+            st.apply(e.kind, e.data)
     return st

@@ -47,7 +47,7 @@ class Worker:
         return lambda: factory(self.config)
 
     def task_dir(self, task_id: str) -> Path:
-        return Path(self.config.data_dir) / "tasks" / task_id
+        return self.config.task_dir(task_id)
 
     def serve(self, stop: threading.Event | None = None, max_tasks: int | None = None) -> int:
         """Claim and run tasks until `stop` is set (or `max_tasks` runs are done)."""

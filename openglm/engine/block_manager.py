@@ -91,12 +91,16 @@ class BlockManager:
             bid = next(iter(self.evictable))
             if now - self.blocks[bid].last_used < self.ttl:
                 break  # LRU order: everything after is younger
-            self.evictable.pop(bid)
-            self._forget(bid)
-            self.empty.append(bid)
+            self._empty(bid)
             n += 1
         self.stats["expired"] += n
         return n
+
+    def _empty(self, bid: int) -> None:
+        """Return a free block to the empty pool, forgetting whatever it held."""
+        self.evictable.pop(bid, None)
+        self._forget(bid)
+        self.empty.append(bid)
 
     def _forget(self, bid: int) -> None:
         block = self.blocks[bid]
@@ -182,13 +186,6 @@ class BlockManager:
                 if block.hash is not None and self.hash_to_block.get(block.hash) == bid:
                     self.evictable[bid] = None
                 else:
-                    self._forget(bid)
-                    self.empty.append(bid)
+                    self._empty(bid)
         seq.block_table = []
         self.seq_hashes.pop(seq.seq_id, None)
-
-    def reset_prefix_cache(self) -> None:
-        for bid in list(self.evictable):
-            self.evictable.pop(bid)
-            self._forget(bid)
-            self.empty.append(bid)

@@ -41,9 +41,6 @@ class KVPool:
     def bytes_per_token(self) -> int:
         return sum(t[0].numel() * t.element_size() for t in self.tensors.values())
 
-    def allocated_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
-
 
 class PagedBatchCache:
     def __init__(self, pool: KVPool, block_tables: list[list[int]], past_lens: list[int], new_lens: list[int]):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from openglm.engine.config import EngineConfig
 from openglm.engine.llm_engine import LLMEngine
@@ -42,7 +42,7 @@ class LLM:
         prompts = [self.tokenizer.render_chat(c) for c in conversations]
         base = sampling_params or SamplingParams()
         stop_ids = sorted(set(base.stop_token_ids) | set(self.tokenizer.chat_stop_ids))
-        params = SamplingParams(**{**base.__dict__, "stop_token_ids": stop_ids})
+        params = replace(base, stop_token_ids=stop_ids)
         return self.generate(prompts, params, use_tqdm)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

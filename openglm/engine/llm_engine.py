@@ -22,18 +22,7 @@ from openglm.engine.sampler import Sampler
 from openglm.engine.sampling_params import SamplingParams
 from openglm.engine.scheduler import Scheduler
 from openglm.engine.sequence import Sequence
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder, or a training run folder (its latest checkpoint)."""
-    path = Path(path)
-    if (path / "config.json").is_file():
-        return path
-    try:
-        from openglm.train.checkpoint import resolve_checkpoint as resolve_run
-    except ImportError:
-        raise FileNotFoundError(f"no checkpoint at {path}: config.json is missing") from None
-    return resolve_run(path)
+from openglm.train.checkpoint import resolve_checkpoint  # a checkpoint, or a run folder's latest one
 
 
 class LLMEngine:
@@ -105,17 +94,12 @@ class LLMEngine:
             return False
         for seq in seqs:
             if not seq.is_finished:
-                seq.finish_reason = "abort"
                 self.scheduler.finish(seq, "abort")
             self.sent.pop(seq.seq_id, None)
         return True
 
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0
-
-    @property
-    def num_requests(self) -> int:
-        return len(self.requests)
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -125,14 +109,14 @@ class LLMEngine:
         logits = self.runner.run(batch.seqs, batch.num_tokens)
         self.stats["steps"] += 1
         self.stats["computed_tokens"] += batch.total_tokens
-        ready = []  # sequences whose inputs are all computed: they get a new token
-        for seq, n in zip(batch.seqs, batch.num_tokens):
+        ready, rows = [], []  # sequences whose inputs are all computed (they get a new token), their rows
+        for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens)):
             seq.num_computed_tokens += n
             self.block_manager.commit(seq)
             if seq.num_computed_tokens == seq.num_tokens:
                 ready.append(seq)
+                rows.append(row)
         if ready:
-            rows = [batch.seqs.index(s) for s in ready]
             tokens, logprobs = self.sampler(logits[rows], ready)
             for seq, token, lp in zip(ready, tokens, logprobs):
                 self._append(seq, token, lp)
@@ -148,9 +132,10 @@ class LLMEngine:
             seq.logprobs.append(logprob)
         p = seq.params
         reason = None
-        if token in p.stop_token_ids and seq.num_output_tokens > p.min_tokens - 1:
+        may_stop = seq.num_output_tokens >= p.min_tokens
+        if may_stop and token in p.stop_token_ids:
             reason, seq.stop_reason = "stop", token
-        elif token in self.eos_ids and not p.ignore_eos and seq.num_output_tokens > p.min_tokens - 1:
+        elif may_stop and token in self.eos_ids and not p.ignore_eos:
             reason = "stop"
         if self.tokenizer is not None and update_text(seq, self.tokenizer.decode) and reason is None:
             reason = "stop"

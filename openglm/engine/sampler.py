@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from openglm.engine.sequence import Sequence
+from openglm.train.generate import filter_logits as top_k_top_p
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -32,17 +33,10 @@ def filter_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Top-k, top-p and min-p, each row with its own settings (filtered entries become -inf)."""
     for i, seq in enumerate(seqs):
         p = seq.params
-        row = logits[i]
-        if 0 < p.top_k < row.numel():
-            kth = torch.topk(row, p.top_k).values[-1]
-            row.masked_fill_(row < kth, float("-inf"))
-        if p.top_p < 1.0:
-            sorted_logits, order = torch.sort(row, descending=True)
-            probs = sorted_logits.softmax(-1)
-            # drop tokens once the mass *before* them already reaches top_p (the top token always stays)
-            drop = (probs.cumsum(-1) - probs) >= p.top_p
-            row[order[drop]] = float("-inf")
+        if p.top_k > 0 or p.top_p < 1.0:  # the same top-k / top-p as openglm.train.generate
+            logits[i] = top_k_top_p(logits[i], max(p.top_k, 0), p.top_p)
         if p.min_p > 0.0:
+            row = logits[i]
             probs = row.softmax(-1)
             row.masked_fill_(probs < p.min_p * probs.max(), float("-inf"))
     return logits

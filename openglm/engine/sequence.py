@@ -41,9 +41,6 @@ class Sequence:
         self.first_token_time: float | None = None
         self.generator = None  # torch.Generator when params.seed is set (made by the sampler)
 
-    def __len__(self) -> int:
-        return len(self.token_ids)
-
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)

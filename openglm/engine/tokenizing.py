@@ -1,7 +1,8 @@
 """The engine's view of a checkpoint's tokenizer: encode, decode, eos ids and the chat template.
 
-Uses `openglm.tokenizer.load_tokenizer` when the checkpoint carries openglm's special tokens and
-falls back to a plain `tokenizers.Tokenizer` otherwise. The chat template is the checkpoint's own
+Wraps the checkpoint's `tokenizer.json` in a plain `tokenizers.Tokenizer` (so checkpoints without
+openglm's special tokens work too; eos and pad come from `tokenizer_config.json`, else openglm's
+defaults). The chat template is the checkpoint's own
 (`chat_template` in `tokenizer_config.json`, rendered with Jinja like transformers does); without
 one the documented default is openglm's GLM template (`openglm.tokenizer.CHAT_TEMPLATE`).
 """

@@ -16,16 +16,22 @@ def register(subparsers):
 
 def cmd_info(args) -> int:
     import json
+    import sys
 
     from openglm.model.checkpoint import read_config
     from openglm.model.config import ModelConfig
+    from openglm.model.errors import ModelError
     from openglm.model.params import format_report, parameter_report
 
-    overrides = dict(_parse_override(s) for s in args.set)
-    if args.checkpoint:
-        name, cfg = args.checkpoint, read_config(args.checkpoint).replace(**overrides)
-    else:
-        name, cfg = args.preset, ModelConfig.from_preset(args.preset, **overrides)
+    try:
+        overrides = dict(parse_override(s) for s in args.set)
+        if args.checkpoint:
+            name, cfg = args.checkpoint, read_config(args.checkpoint).replace(**overrides)
+        else:
+            name, cfg = args.preset, ModelConfig.from_preset(args.preset, **overrides)
+    except (ModelError, ValueError, TypeError) as e:  # TypeError: replace() with an unknown field
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     report = parameter_report(cfg)
     if args.json:
         print(json.dumps({"model": name, **report}, indent=2))
@@ -34,12 +40,14 @@ def cmd_info(args) -> int:
     return 0
 
 
-def _parse_override(text: str):
+def parse_override(text: str):
+    """One `--set FIELD=VALUE` option (also `openglm train`'s) as (field, value): JSON if it parses, else the
+    string."""
     import json
 
     key, sep, value = text.partition("=")
     if not sep:
-        raise SystemExit(f"--set expects FIELD=VALUE, got {text!r}")
+        raise ValueError(f"--set {text!r}: expected FIELD=VALUE")
     try:
         return key, json.loads(value)
     except json.JSONDecodeError:

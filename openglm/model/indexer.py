@@ -60,8 +60,7 @@ class Indexer(nn.Module):
             scores = scores.mul_(self.softmax_scale).relu_()  # [B, s, H, N]
             scores = torch.matmul(w[:, t0:t1].unsqueeze(-2), scores).squeeze(-2)  # [B, s, N]
             if T == 1 and key_valid is None:  # a decode step without padding sees every key
-                indices.append(scores.topk(self.topk, dim=-1)[1])
-                return indices[0], None
+                return scores.topk(self.topk, dim=-1)[1], None
             scores = scores.masked_fill(~visible_mask(key_valid, past + t0, t1 - t0, N, B), float("-inf"))
             top, idx = scores.topk(self.topk, dim=-1)
             indices.append(idx)

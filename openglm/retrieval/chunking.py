@@ -79,7 +79,8 @@ def chunk_file(rel_path: str, text: str) -> list[Chunk]:
             return chunk_python(rel_path, text)
         except (SyntaxError, ValueError, RecursionError):
             pass  # Python 2 files, templates...: fall back to line windows
-    return chunk_lines(rel_path, text.splitlines(), 1, len(text.splitlines()), "text", "")
+    lines = text.splitlines()
+    return chunk_lines(rel_path, lines, 1, len(lines), "text", "")
 
 
 def chunk_lines(path: str, lines: list[str], start: int, end: int, kind: str, name: str,

@@ -14,7 +14,6 @@ is written last, so an interrupted build leaves the previous index readable.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import numpy as np
 from .chunking import Chunk, chunk_file, content_hash, decode_text, iter_source_files
 from .embedder import Embedder, EmbedderIdentity, check_identity
 from .lexical import BM25Index, reciprocal_rank_fusion
-from .vector import VectorConfig, VectorIndex, ladder_config
+from .vector import VectorConfig, VectorIndex, ladder_config, write_atomic
 
 INDEX_DIRNAME = ".openglm-index"
 FORMAT_VERSION = 1
@@ -123,8 +122,9 @@ class CodeIndex:
     def _scan(self) -> dict[str, tuple[str, str]]:
         """rel path -> (content hash, text) of every indexable file in the repository."""
         found = {}
+        index_dir = self.index_dir.resolve()
         for path in iter_source_files(self.repo):
-            if self.index_dir.resolve() in path.resolve().parents:
+            if index_dir in path.resolve().parents:
                 continue
             data = path.read_bytes()
             text = decode_text(data)
@@ -202,8 +202,9 @@ class CodeIndex:
         self.index_dir.mkdir(parents=True, exist_ok=True)
         self.vectors.save(self.index_dir)
         rows = "".join(json.dumps({"id": cid, **asdict(c)}) + "\n" for cid, c in sorted(self.chunks.items()))
-        _write_atomic(self.index_dir / "chunks.jsonl", rows)
-        _write_atomic(self.index_dir / "manifest.json", json.dumps(self.manifest, indent=1))
+        write_atomic(self.index_dir / "chunks.jsonl", lambda p: p.write_text(rows))
+        manifest = json.dumps(self.manifest, indent=1)
+        write_atomic(self.index_dir / "manifest.json", lambda p: p.write_text(manifest))
 
     # ---- search -------------------------------------------------------------------------
     def search(self, query: str, k: int = 10, mode: str = "hybrid") -> list[Hit]:
@@ -231,8 +232,7 @@ class CodeIndex:
     def _lexical(self, query: str, k: int) -> list[tuple[int, float]]:
         if self._bm25 is None:
             order = sorted(self.chunks)
-            chunks = [self.chunks[i] for i in order]
-            self._bm25 = (BM25Index([c.text for c in chunks], [f"{c.path} {c.name}" for c in chunks]), order)
+            self._bm25 = (_bm25_of([self.chunks[i] for i in order]), order)
         bm25, order = self._bm25
         scores, rows = bm25.search(query, k)
         return [(order[r], float(s)) for r, s in zip(rows, scores)]
@@ -253,17 +253,15 @@ def search_repository(repo: str | Path, query: str, k: int = 10, mode: str = "hy
               for c in _chunks_of(repo, path)]
     if not chunks:
         raise ValueError(f"repository {repo} has no indexable text files")
-    bm25 = BM25Index([c.text for c in chunks], [f"{c.path} {c.name}" for c in chunks])
-    scores, rows = bm25.search(query, k)
+    scores, rows = _bm25_of(chunks).search(query, k)
     return [Hit(**asdict(chunks[r]), score=float(s)) for r, s in zip(rows, scores)], "bm25-live"
+
+
+def _bm25_of(chunks: list[Chunk]) -> BM25Index:
+    """BM25 over the chunks' code, with path and qualified name as the boosted name field."""
+    return BM25Index([c.text for c in chunks], [f"{c.path} {c.name}" for c in chunks])
 
 
 def _chunks_of(repo: Path, path: Path) -> list[Chunk]:
     text = decode_text(path.read_bytes())
     return chunk_file(path.relative_to(repo).as_posix(), text) if text and text.strip() else []
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

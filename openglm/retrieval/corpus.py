@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sysconfig
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .chunking import Chunk, chunk_file, decode_text, iter_source_files
+from .vector import write_atomic
 
 SHARD = 4096
 
@@ -49,12 +49,6 @@ def collect_chunks(roots: list[Path], limit: int, seed: int = 0) -> list[Chunk]:
     return chunks[:limit]
 
 
-def _save_atomic(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, array)
-    os.replace(tmp, path)
-
-
 def build(out: Path, limit: int, max_seq_length: int = 32, roots: list[Path] | None = None) -> int:
     from tqdm import tqdm
 
@@ -70,9 +64,7 @@ def build(out: Path, limit: int, max_seq_length: int = 32, roots: list[Path] | N
         # are what gets embedded, which keeps 100k chunks within reach of 2 CPU cores.
         rows = [{"path": c.path, "start": c.start_line, "end": c.end_line, "kind": c.kind,
                  "name": c.name, "text": f"{c.name or c.path}\n{c.text.strip()}"} for c in chunks]
-        tmp = meta.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        os.replace(tmp, meta)
+        write_atomic(meta, lambda p: p.write_text("".join(json.dumps(r) + "\n" for r in rows)))
     # One thread: on a shared, oversubscribed machine two OpenMP threads mostly spin-wait.
     emb = Embedder(max_seq_length=max_seq_length, batch_size=64, num_threads=1)
     (out / "embedder.json").write_text(json.dumps(emb.identity.to_dict()))
@@ -80,7 +72,8 @@ def build(out: Path, limit: int, max_seq_length: int = 32, roots: list[Path] | N
     for s in tqdm(range(n_shards), desc="embedding shards"):
         path = out / f"emb_{s:04d}.npy"
         if not path.exists():
-            _save_atomic(path, emb.encode([r["text"] for r in rows[s * SHARD:(s + 1) * SHARD]]))
+            vectors = emb.encode([r["text"] for r in rows[s * SHARD:(s + 1) * SHARD]])
+            write_atomic(path, lambda p: np.save(p, vectors))
     return len(rows)
 
 

@@ -259,11 +259,11 @@ class VectorIndex:
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        _atomic(directory / "vectors.faiss", lambda p: faiss.write_index(self.index, str(p)))
-        _atomic(directory / "vectors.npy", lambda p: np.save(p, self.vectors))
-        _atomic(directory / "alive.npy", lambda p: np.save(p, self.alive))
+        write_atomic(directory / "vectors.faiss", lambda p: faiss.write_index(self.index, str(p)))
+        write_atomic(directory / "vectors.npy", lambda p: np.save(p, self.vectors))
+        write_atomic(directory / "alive.npy", lambda p: np.save(p, self.alive))
         meta = {"dim": self.dim, "config": asdict(self.config)}
-        _atomic(directory / "vectors.json", lambda p: p.write_text(json.dumps(meta, indent=1)))
+        write_atomic(directory / "vectors.json", lambda p: p.write_text(json.dumps(meta, indent=1)))
 
     @classmethod
     def load(cls, directory: str | Path) -> "VectorIndex":
@@ -283,7 +283,8 @@ class VectorIndex:
         return self
 
 
-def _atomic(path: Path, write) -> None:
+def write_atomic(path: Path, write) -> None:
+    """`write(tmp)` then rename over `path`: readers never see a half-written file."""
     tmp = path.with_name(path.name + ".tmp" + path.suffix)
     write(tmp)
     os.replace(tmp, path)

@@ -44,10 +44,6 @@ class AsyncEngine:
         self.commands.put(("wake",))
         self.thread.join(timeout=10)
 
-    @property
-    def num_active(self) -> int:
-        return len(self.streams)
-
     # ---- called from the event loop --------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams,
                is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> "RequestStream":
@@ -76,13 +72,15 @@ class AsyncEngine:
                 self._drain(block=not self.engine.has_unfinished())
                 if self.engine.has_unfinished():
                     self._step()
+                if self.metrics is not None:
+                    self.metrics.observe_engine(self.engine)
             except Exception as exc:  # noqa: BLE001 - a bug must fail requests, not hang them
                 traceback.print_exc()
                 self.error = exc
                 for rid in list(self.streams):
                     self._send(rid, APIError(500, f"engine failure: {exc}"))
-                    self.engine.abort(rid)
-                self.error = None if self._recover() else exc
+                self._recover()
+                self.error = None
 
     def _drain(self, block: bool) -> None:
         try:
@@ -107,8 +105,6 @@ class AsyncEngine:
                 self._send(rid, APIError(400, str(exc)))
         elif cmd[0] == "abort":
             self._abort(cmd[1])
-        if self.metrics is not None:
-            self.metrics.observe_engine(self.engine)
 
     def _step(self) -> None:
         outputs = self.engine.step()
@@ -116,8 +112,6 @@ class AsyncEngine:
             if out.finished and self.metrics is not None:
                 self._record(out)
             self._send(out.request_id, out)
-        if self.metrics is not None:
-            self.metrics.observe_engine(self.engine)
 
     def _record(self, out: RequestOutput) -> None:
         m, t = self.metrics, out.metrics
@@ -145,11 +139,10 @@ class AsyncEngine:
         if self.engine.abort(request_id) and self.metrics is not None:
             self.metrics.requests.labels(finish_reason="abort").inc()
 
-    def _recover(self) -> bool:
+    def _recover(self) -> None:
         """After a failed step nothing may hold blocks: abort everything that is left."""
         for rid in list(self.engine.requests):
             self.engine.abort(rid)
-        return True
 
 
 class RequestStream:

@@ -30,7 +30,7 @@ class ServerMetrics:
         self._window: list[tuple[float, int]] = []
 
     def observe_engine(self, engine) -> None:
-        """Refresh the gauges from the engine (called by the engine thread after each step)."""
+        """Refresh the gauges from the engine (called by the engine thread on every pass of its loop)."""
         bm = engine.block_manager
         self.running.set(len(engine.scheduler.running))
         self.waiting.set(len(engine.scheduler.waiting))

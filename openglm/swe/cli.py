@@ -28,6 +28,17 @@ def _read_issue(args) -> str:
     return args.issue_text or ""
 
 
+def _selected_instances(args) -> list[dict]:
+    """--instances, narrowed to --instance-ids when given."""
+    from openglm.swe.harness.instances import load_instances
+
+    instances = load_instances(args.instances)
+    if args.instance_ids:
+        wanted = set(args.instance_ids)
+        instances = [i for i in instances if i["instance_id"] in wanted]
+    return instances
+
+
 def cmd_localize(args) -> int:
     from openglm.swe.localize import LocalizeConfig, localize
 
@@ -67,11 +78,9 @@ def cmd_repomap(args) -> int:
 
 def cmd_swe_eval(args) -> int:
     from openglm.swe.harness import HarnessConfig, run_evaluation
-    from openglm.swe.harness.instances import load_instances, load_predictions
+    from openglm.swe.harness.instances import load_predictions
 
-    instances = load_instances(args.instances)
-    if args.instance_ids:
-        instances = [i for i in instances if i["instance_id"] in set(args.instance_ids)]
+    instances = _selected_instances(args)
     preds = load_predictions(args.predictions, instances)
     config = HarnessConfig(run_id=args.run_id, out_dir=Path(args.out), repos_dir=Path(args.repos_dir),
                            workers=args.workers, timeout=args.timeout, install_cmd=args.install_cmd,
@@ -98,12 +107,9 @@ def cmd_swe_gen(args) -> int:
 def cmd_swe_solve(args) -> int:
     import os
 
-    from openglm.swe.harness.instances import load_instances
     from openglm.swe.solve import SolveConfig, solve
 
-    instances = load_instances(args.instances)
-    if args.instance_ids:
-        instances = [i for i in instances if i["instance_id"] in set(args.instance_ids)]
+    instances = _selected_instances(args)
     if args.replay:
         model = {"replay": args.replay}
     elif args.model_url and args.model:

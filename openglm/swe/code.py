@@ -38,26 +38,31 @@ def is_test_path(rel: str) -> bool:
             or any(p in ("tests", "test", "testing") for p in parts[:-1]))
 
 
+def functions_with_qualnames(tree: ast.Module) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """(qualname, node) for every function and method, in source order."""
+    out = []
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append((prefix + child.name, child))
+                visit(child, prefix + child.name + ".")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+            elif not isinstance(child, ast.expr):
+                visit(child, prefix)  # functions inside if/try blocks at module level
+
+    visit(tree, "")
+    return out
+
+
 def functions_in_source(source: str, rel: str) -> list[Function]:
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
-    out: list[Function] = []
-
-    def visit(node, prefix):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                q = prefix + child.name
-                out.append(Function(rel, q, child.lineno, child.end_lineno or child.lineno))
-                visit(child, q + ".")
-            elif isinstance(child, ast.ClassDef):
-                visit(child, prefix + child.name + ".")
-            elif not isinstance(child, (ast.expr, ast.Lambda)):
-                visit(child, prefix)  # functions inside if/try blocks at module level
-
-    visit(tree, "")
-    return out
+    return [Function(rel, q, node.lineno, node.end_lineno or node.lineno)
+            for q, node in functions_with_qualnames(tree)]
 
 
 class CodeIndex:

@@ -30,7 +30,7 @@ def parse_pytest_log(log: str) -> dict[str, str]:
             continue  # `SKIPPED [1] file:line: reason` names no test
         ident = _NODE_ID.match(m.group(2))
         name = ident and (ident.group(1) or ident.group(2))
-        if name and ("::" in name or name.endswith(".py")):  # not unittest's `FAILED (errors=1)`  # `FAILED tests/x.py::t - msg`: the message after " - " is not part of the id
+        if name and ("::" in name or name.endswith(".py")):  # not unittest's `FAILED (errors=1)`
             status[name] = _PYTEST_STATUSES[m.group(1)]
     return status
 

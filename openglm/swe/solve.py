@@ -19,6 +19,7 @@ from tqdm import tqdm
 from openglm.swe.code import is_test_path
 from openglm.swe.gitutil import git
 from openglm.swe.harness.env import checkout
+from openglm.swe.harness.instances import load_predictions
 
 
 @dataclass
@@ -78,9 +79,7 @@ def solve_instance(instance: dict, config: SolveConfig, policy_factory=None) -> 
 def solve(instances: list[dict], config: SolveConfig, policy_factory=None) -> Path:
     config.out_dir.mkdir(parents=True, exist_ok=True)
     preds_path = config.out_dir / "predictions.jsonl"
-    done = set()
-    if preds_path.exists():
-        done = {json.loads(line)["instance_id"] for line in preds_path.read_text().splitlines() if line.strip()}
+    done = set(load_predictions(str(preds_path), [])) if preds_path.exists() else set()
     with preds_path.open("a") as f:
         for inst in tqdm([i for i in instances if i["instance_id"] not in done], desc="swe-solve", unit="inst"):
             f.write(json.dumps(solve_instance(inst, config, policy_factory)) + "\n")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from openglm.swe.logparse import parse_unittest_log
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # makes `openglm` importable in the child
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # makes `openglm` importable in the child
 
 
 @dataclass
@@ -72,13 +72,23 @@ _EMPTY_INI: str | None = None
 
 def child_env(repo: Path, pythonpath: list[str] | None = None, extra: dict | None = None) -> dict:
     env = dict(os.environ)
-    paths = source_paths(repo, pythonpath) + [_PACKAGE_ROOT]
+    paths = source_paths(repo, pythonpath) + [PACKAGE_ROOT]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(extra or {})
     return env
+
+
+def _run_into(run: TestRun, cmd: list[str], repo: Path, env: dict, timeout: float) -> None:
+    """Run `cmd` in `repo`, recording its combined output and exit status (-9 on timeout) in `run`."""
+    try:
+        proc = subprocess.run(cmd, cwd=repo, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+        run.output, run.returncode = proc.stdout, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        run.output, run.returncode, run.timed_out = (e.stdout or b"").decode(errors="replace"), -9, True
 
 
 def run_pytest(repo: str | Path, targets: list[str], *, python: str = sys.executable,
@@ -99,12 +109,7 @@ def run_pytest(repo: str | Path, targets: list[str], *, python: str = sys.execut
     cmd = [python, "-m", "pytest", "-p", "openglm.swe._pytest_plugin", "-p", "no:cacheprovider",
            *pytest_config_args(repo.resolve()), "-o", "addopts=", "-q", "--tb=short", "-rN",
            *(extra_args or []), *targets]
-    try:
-        proc = subprocess.run(cmd, cwd=repo, env=child_env(repo, pythonpath, extra), text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
-        run.output, run.returncode = proc.stdout, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        run.output, run.returncode, run.timed_out = (e.stdout or b"").decode(errors="replace"), -9, True
+    _run_into(run, cmd, repo, child_env(repo, pythonpath, extra), timeout)
     if results_file.exists():
         run.results = json.loads(results_file.read_text())
     return run
@@ -116,12 +121,7 @@ def run_unittest(repo: str | Path, targets: list[str], *, python: str = sys.exec
     repo = Path(repo)
     cmd = [python, "-m", "unittest", "-v", *(targets or ["discover"])]
     run = TestRun()
-    try:
-        proc = subprocess.run(cmd, cwd=repo, env=child_env(repo, pythonpath), text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
-        run.output, run.returncode = proc.stdout, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        run.output, run.returncode, run.timed_out = (e.stdout or b"").decode(errors="replace"), -9, True
+    _run_into(run, cmd, repo, child_env(repo, pythonpath), timeout)
     for name, status in parse_unittest_log(run.output).items():
         outcome = {"PASSED": "passed", "FAILED": "failed", "ERROR": "error"}.get(status, "skipped")
         run.results[name] = {"outcome": outcome, "longrepr": ""}

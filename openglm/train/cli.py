@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -53,6 +52,7 @@ def register(subparsers) -> None:
 
 
 def _train_config(args):
+    from openglm.model.cli import parse_override
     from openglm.train.config import RECIPES, TrainConfig
 
     values = dict(RECIPES[args.recipe]) if args.recipe else {}
@@ -60,15 +60,7 @@ def _train_config(args):
         v = getattr(args, flag)
         if v is not None:
             values[_FIELD.get(flag, flag)] = v
-    overrides = dict(values.get("model_overrides", {}))
-    for item in args.set:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
-        try:
-            overrides[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            overrides[key] = raw
+    overrides = {**values.get("model_overrides", {}), **dict(parse_override(item) for item in args.set)}
     values.update(model_overrides=overrides, offload_optimizer=args.offload_optimizer,
                   progress=not args.no_progress, plots=not args.no_plots)
     return TrainConfig(**values)
@@ -107,9 +99,7 @@ def _generate(args) -> int:
 
 def _demo(args) -> int:
     def run():
-        from openglm.train.demo import run_demo
-
-        from openglm.train.demo import TRAIN_SECONDS
+        from openglm.train.demo import TRAIN_SECONDS, run_demo
 
         extra = {"threads": args.threads} if args.threads else {}
         run_demo(args.out, steps=args.steps, train_seconds=args.train_seconds or TRAIN_SECONDS,

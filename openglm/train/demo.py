@@ -64,9 +64,11 @@ def run_demo(out_dir: str = "runs/demo", steps: int | None = None, train_seconds
 
 def calibrate_steps(trainer, seconds: float, cap: int, floor: int = 20) -> int:
     """Steps that fit in `seconds`, from timing forward+backward on one batch (data position restored)."""
+    import torch
+
     cfg = trainer.cfg
     position = trainer.batcher.state_dict()
-    batch = __import__("torch").from_numpy(trainer.batcher.next_batch(cfg.batch_size))
+    batch = torch.from_numpy(trainer.batcher.next_batch(cfg.batch_size))
     times = []
     for _ in range(3):
         t0 = time.perf_counter()

@@ -2,8 +2,9 @@
 
 Gradients are averaged by an explicit all-reduce after the accumulation micro-steps instead of a DDP
 wrapper: an MoE step may leave some experts without tokens (no gradient), which DDP's bucketed hooks
-treat as an error, and an explicit reduce is easy to read. One flat buffer per dtype keeps it to a
-couple of collective calls per step.
+treat as an error, and an explicit reduce is easy to read. One flat buffer keeps it to one collective
+call per step. NCCL reduces CUDA tensors only, so small CPU-side tensors (metrics, flags) travel through
+the current CUDA device there (`_all_reduce`).
 """
 
 from __future__ import annotations
@@ -58,8 +59,7 @@ def average_gradients(params: list[torch.nn.Parameter], info: DistInfo) -> None:
     """
     if not info.enabled:
         return
-    present = torch.tensor([p.grad is not None for p in params], dtype=torch.float32)
-    dist.all_reduce(present, op=dist.ReduceOp.SUM)
+    present = _all_reduce(torch.tensor([p.grad is not None for p in params], dtype=torch.float32), dist.ReduceOp.SUM)
     active = [p for p, n in zip(params, present.tolist()) if n > 0]
     for p in active:
         if p.grad is None:
@@ -77,19 +77,22 @@ def average_gradients(params: list[torch.nn.Parameter], info: DistInfo) -> None:
 
 
 def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    if info.enabled:
-        t = t.clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
+    return _all_reduce(t, dist.ReduceOp.SUM) if info.enabled else t
+
+
+def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
+    """The reduced copy of `t`, on t's device (via the current CUDA device under NCCL, which needs it)."""
+    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else t.device
+    work = t.to(on, copy=True)
+    dist.all_reduce(work, op=op)
+    return work.to(t.device)
 
 
 def any_rank(flag: bool, info: DistInfo) -> bool:
     """True when `flag` is true on at least one rank (keeps early-stop decisions in lockstep)."""
     if not info.enabled:
         return flag
-    t = torch.tensor([1.0 if flag else 0.0])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return bool(_all_reduce(torch.tensor([1.0 if flag else 0.0]), dist.ReduceOp.MAX).item())
 
 
 def barrier(info: DistInfo) -> None:

@@ -78,4 +78,4 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
         return 0.0
     if max_norm > 0:
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+    return float(torch.nn.utils.get_total_norm(grads))

@@ -16,12 +16,11 @@ class StepTracker:
 
     def __init__(self, model_config, cfg, info: dist.DistInfo):
         self.cfg, self.info = cfg, info
-        self.top_k = int(getattr(model_config, "num_experts_per_tok", 1) or 1)
-        first = int(getattr(model_config, "first_k_dense_replace", 0) or 0)
-        n_layers = int(getattr(model_config, "num_hidden_layers", 0))
+        self.top_k = model_config.num_experts_per_tok
+        # moe_layers, not first_k_dense_replace: an explicit mlp_layer_types may interleave dense layers.
         self.detector = CollapseDetector(
             top_k=self.top_k, share_threshold=cfg.collapse_share, patience=cfg.collapse_patience,
-            layer_names=[f"layer {first + i} (MoE layer {i})" for i in range(max(0, n_layers - first))])
+            layer_names=[f"layer {layer} (MoE layer {i})" for i, layer in enumerate(model_config.moe_layers)])
         self._router_params = None
         self._reset()
 
@@ -31,13 +30,15 @@ class StepTracker:
         self.rows: list[tuple] = []
         self.seconds = 0.0
 
-    def add_routing(self, aux) -> None:
+    def add_routing(self, aux) -> torch.Tensor | None:
+        """Record one micro-step's routing; returns its expert counts [n_moe_layers, E] (fp64, CPU) or None."""
         if aux is None or aux.expert_counts is None or aux.expert_counts.numel() == 0:
-            return
+            return None
         counts = aux.expert_counts.detach().double().cpu()
         self.counts = counts if self.counts is None else self.counts + counts
         self.dropped += float(aux.dropped_fraction)
         self.micro += 1
+        return counts
 
     def add_step(self, lm_loss: float, aux_loss: float, grad_norm: float, router_norm: float, lr: float) -> None:
         self.rows.append((lm_loss, aux_loss, grad_norm, router_norm, lr))

@@ -178,9 +178,8 @@ class Trainer:
             lm, aux, stats = self._forward(micro[:, :-1], micro[:, 1:])
             ((lm + aux) / cfg.grad_accum).backward()
             sums += torch.tensor([lm.item(), float(aux.detach()), 1.0], dtype=torch.float64)
-            self.tracker.add_routing(stats)
-            if stats is not None and stats.expert_counts is not None and stats.expert_counts.numel():
-                c = stats.expert_counts.detach().double().cpu()
+            c = self.tracker.add_routing(stats)
+            if c is not None:
                 counts = c if counts is None else counts + c
         dist.average_gradients(self.params, info)
         sums = dist.all_reduce_sum(sums, info)

@@ -142,6 +142,10 @@ def test_cli_against_the_live_server(server, tmp_path):
     assert not (ws / "ISO镜像").exists()
     bad = run("submit", "x", "--timeout", "8 parsecs")
     assert bad.returncode == 2 and "constraints.timeout" in bad.stderr
+    missing = run("status", "no-such-task")
+    assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "Traceback" not in missing.stderr
+    not_json = run("submit", "x", "--constraints", "{timeout: 8h}")
+    assert not_json.returncode != 0 and "--constraints is not valid JSON" in not_json.stderr
 
 
 def test_bearer_token_required_off_loopback_and_enforced(tmp_path):

@@ -33,3 +33,10 @@ def test_text_table(capsys):
                  "--set", 'indexer_types=["full","shared"]']) == 0
     out = capsys.readouterr().out
     assert "layers 2" in out and "active / token" in out and "routed_experts" in out
+
+
+def test_bad_set_options_print_one_error_line(capsys):
+    assert main(["info", "--preset", "tiny", "--set", "num_hidden_layers"]) == 1
+    assert "expected FIELD=VALUE" in capsys.readouterr().err
+    assert main(["info", "--preset", "tiny", "--set", "no_such_field=1"]) == 1
+    assert "no_such_field" in capsys.readouterr().err

@@ -109,9 +109,7 @@ def hand_instances(tmp_path) -> tuple[Path, list[dict]]:
                 assert slugify("Hello  World") == "hello-world"
             """},
         f2p=["tests/test_slug.py::test_slugify"], p2p=["tests/test_words.py::test_count_words"])
-    stack = _instance(
-        repos, "demo/stack",
-        {"stack.py": """
+    stack_py = """
             class Stack:
                 def __init__(self):
                     self.items = []
@@ -121,7 +119,10 @@ def hand_instances(tmp_path) -> tuple[Path, list[dict]]:
 
                 def pop(self):
                     return self.items.pop(0)
-            """,
+            """
+    stack = _instance(
+        repos, "demo/stack",
+        {"stack.py": stack_py,
          "tests/test_stack.py": """
             import unittest
             from stack import Stack
@@ -132,17 +133,7 @@ def hand_instances(tmp_path) -> tuple[Path, list[dict]]:
                     s.push(1)
                     self.assertEqual(s.items, [1])
             """},
-        fix={"stack.py": """
-            class Stack:
-                def __init__(self):
-                    self.items = []
-
-                def push(self, x):
-                    self.items.append(x)
-
-                def pop(self):
-                    return self.items.pop()
-            """},
+        fix={"stack.py": stack_py.replace("pop(0)", "pop()")},  # the bug: pops from the front
         tests={"tests/test_stack.py": """
             import unittest
             from stack import Stack

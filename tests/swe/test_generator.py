@@ -9,7 +9,8 @@ import json
 import textwrap
 
 from openglm.swe.gen.generate import GenConfig, PackageMiner, export_queries
-from openglm.swe.gen.mutate import functions_with_qualnames, mutations_of
+from openglm.swe.code import functions_with_qualnames
+from openglm.swe.gen.mutate import mutations_of
 from openglm.swe.gen.packages import PackageSpec
 from openglm.swe.harness import HarnessConfig, run_evaluation
 from openglm.swe.harness.instances import load_predictions

@@ -58,3 +58,14 @@ def test_warmup_then_cosine():
     assert lrs[60] == pytest.approx(0.55)  # half way through the cosine
     assert lrs[110] == pytest.approx(0.1) and lrs[119] == pytest.approx(0.1)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+
+
+def test_step_tracker_names_moe_layers_by_model_index_when_dense_layers_interleave():
+    from openglm.model import ModelConfig
+    from openglm.train.config import TrainConfig
+    from openglm.train.dist import DistInfo
+    from openglm.train.tracker import StepTracker
+
+    mcfg = ModelConfig.from_preset("tiny", first_k_dense_replace=1, mlp_layer_types=["sparse", "dense", "sparse"])
+    tracker = StepTracker(mcfg, TrainConfig(out_dir="unused"), DistInfo())
+    assert tracker.detector.layer_names == ["layer 0 (MoE layer 0)", "layer 2 (MoE layer 1)"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import threading
 
-from openglm.agent.state import Block
 from openglm.agent.store import LeaseLost
 
 from .actuators import Parallelism
@@ -48,16 +47,12 @@ class Guard:
         self._restore()
         cmd = self.config.guard.verify_command
         if cmd and self.last_green is None:
-            result = self.toolbox.call("bash", {"command": cmd}, timeout=self.config.guard.verify_timeout_s)
+            result = self.ctx.toolbox.call("bash", {"command": cmd}, timeout=self.config.guard.verify_timeout_s)
             self.event("verification", {"step": self.ctx.state.step, "ok": result.ok, "command": cmd,
                                         "output": result.output[-500:]})
             if result.ok:
                 self.last_green = self.ctx.state.step
             self.save()
-
-    @property
-    def toolbox(self):
-        return self.ctx._run.toolbox  # the run's own tools: same workspace, limits and timeouts
 
     # -- events and persistence -------------------------------------------------------------------
     def event(self, kind: str, data: dict):
@@ -86,7 +81,7 @@ class Guard:
 
     def guide(self, text: str):
         """A message to the model, in the live context and (as a `guidance` event) in the log."""
-        self.ctx.state.blocks.append(Block(self.ctx.state.step, [{"role": "user", "content": text}]))
+        self.ctx.state.apply("guidance", {"content": text})
         self.event("guidance", {"content": text})
 
     # -- after each committed step ----------------------------------------------------------------
@@ -109,7 +104,7 @@ class Guard:
                 self.metrics.stuck.labels(task=ctx.task_id, kind=signal.kind).inc()
             repeats = [s for s in signal.steps[1:] if s in ctx.state.steps]
             if repeats:  # the repeats go out of the context; the first attempt stays
-                ctx.state.condensed_steps.update(repeats)
+                ctx.state.apply("loop_condensed", {"steps": repeats})
                 self.event("loop_condensed", {"steps": repeats, "kind": signal.kind})
             failure = failure or Failure(signal.error_class, signal.detail, {"stuck": signal.kind})
         if failure is None and self.streak >= self.config.guard.failure_streak:
@@ -126,7 +121,7 @@ class Guard:
         cmd = self.config.guard.verify_command
         if not cmd or not record.changed:
             return None
-        result = self.toolbox.call("bash", {"command": cmd}, timeout=self.config.guard.verify_timeout_s)
+        result = self.ctx.toolbox.call("bash", {"command": cmd}, timeout=self.config.guard.verify_timeout_s)
         self.event("verification", {"step": record.step, "ok": result.ok, "command": cmd,
                                     "output": result.output[-500:]})
         if result.ok:

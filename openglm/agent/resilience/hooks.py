@@ -14,12 +14,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
 import psutil
 
 from openglm.agent.hooks import Hooks
+from openglm.agent.loop import running_pidfile
 from openglm.agent.models import FallbackModel, ModelError
 from openglm.agent.task import parse_constraints
 
@@ -96,7 +98,8 @@ def resilience_hooks(config: ResilienceConfig | None = None, sleep=time.sleep) -
     def monitor(ctx):
         guard = guard_of(ctx)
         guard.start()
-        return _TaskMonitor(ctx, guard, config) if config.monitor_enabled else _Stopped()
+        watcher = _TaskMonitor(ctx, guard, config) if config.monitor_enabled else None
+        return _RunEnd(watcher, lambda: guards.pop(id(ctx), None))
 
     def budget(ctx):
         task = ctx.store.get_task(ctx.task_id)
@@ -116,9 +119,17 @@ def resilience_hooks(config: ResilienceConfig | None = None, sleep=time.sleep) -
                  monitors=[monitor], budgets=[budget])
 
 
-class _Stopped:
+class _RunEnd:
+    """Stopped when the run ends: stops its resource monitor and forgets its guard, which holds the
+    run's whole context (a server runs many tasks in one process)."""
+
+    def __init__(self, watcher, forget):
+        self.watcher, self.forget = watcher, forget
+
     def stop(self):
-        pass
+        if self.watcher is not None:
+            self.watcher.stop()
+        self.forget()
 
 
 class _TaskMonitor:
@@ -126,11 +137,11 @@ class _TaskMonitor:
 
     def __init__(self, ctx, guard: Guard, config: ResilienceConfig):
         self.ctx, self.guard = ctx, guard
-        self.pidfile = os.path.join(os.path.dirname(str(ctx.snapshots.git_dir)), "running.pgid")
+        self.pidfile = running_pidfile(ctx.snapshots.git_dir.parent)
         mon_cfg = config.monitor
         primary = getattr(ctx.model, "primary", ctx.model)
         if mon_cfg.endpoint_url is None and getattr(primary, "base_url", None):
-            mon_cfg = _replace(mon_cfg, endpoint_url=primary.base_url + "/models")
+            mon_cfg = dataclasses.replace(mon_cfg, endpoint_url=primary.base_url + "/models")
         handlers = {Action.REDUCE_PARALLELISM: self.throttle, Action.RESTART_TREE: self.restart,
                     Action.SWITCH_FALLBACK: self.fallback, Action.CPU_MODE: self.cpu_mode,
                     Action.PAUSE: self.pause, Action.WARN: lambda alert: "warned"}
@@ -207,9 +218,3 @@ def _halve_affinity(pid: int) -> list[int]:
         except (psutil.Error, AttributeError):
             continue
     return out
-
-
-def _replace(cfg, **changes):
-    import dataclasses
-
-    return dataclasses.replace(cfg, **changes)

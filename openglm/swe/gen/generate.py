@@ -25,8 +25,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from openglm.swe.code import CodeIndex, is_test_path
-from openglm.swe.gen.mutate import Mutation, functions_with_qualnames, mutations_of
+from openglm.swe.code import CodeIndex, functions_with_qualnames, is_test_path
+from openglm.swe.gen.mutate import Mutation, mutations_of
 from openglm.swe.gen.packages import PackageSpec
 from openglm.swe.gitutil import commit_file_change, git, init_repo, unified_diff
 from openglm.swe.harness.run import HarnessConfig, Sandbox, pytest_command, test_files

@@ -141,20 +141,3 @@ def _own_nodes(func):
                 continue
             yield child
             stack.append(child)
-
-
-def functions_with_qualnames(tree: ast.Module) -> list[tuple[str, ast.FunctionDef]]:
-    out = []
-
-    def visit(node, prefix):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                out.append((prefix + child.name, child))
-                visit(child, prefix + child.name + ".")
-            elif isinstance(child, ast.ClassDef):
-                visit(child, prefix + child.name + ".")
-            elif not isinstance(child, ast.expr):
-                visit(child, prefix)
-
-    visit(tree, "")
-    return out

@@ -17,6 +17,7 @@ import venv
 from pathlib import Path
 
 from openglm.swe.gitutil import git
+from openglm.swe.testrun import PACKAGE_ROOT, source_paths
 
 
 def source_repo(instance: dict, repos_dir: Path) -> Path:
@@ -48,13 +49,9 @@ def make_venv(env_dir: Path, checkout_dir: Path, pythonpath: list[str] | None = 
     python = env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     # the venv's site-packages, computed here rather than by asking its python (a process less)
     purelib = sysconfig.get_path("purelib", vars={"base": str(env_dir), "platbase": str(env_dir)})
-    if pythonpath is not None:
-        roots = [checkout_dir / p for p in pythonpath]
-    else:
-        roots = [checkout_dir / "src"] if (checkout_dir / "src").is_dir() else [checkout_dir]
     tools = [p for p in site.getsitepackages() + [site.getusersitepackages()] if Path(p).is_dir()]
-    pkg_root = Path(__file__).resolve().parents[3]  # openglm itself, for the test plugin
-    lines = [str(r.resolve()) for r in roots] + tools + [str(pkg_root)]
+    # openglm itself last, for the test plugin
+    lines = source_paths(checkout_dir, pythonpath) + tools + [PACKAGE_ROOT]
     (Path(purelib) / "openglm-harness.pth").write_text("\n".join(lines) + "\n")
     return python
 

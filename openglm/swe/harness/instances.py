@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from openglm.agent.models.replay import load_turns as read_jsonl  # the project's JSONL reader
+
 REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
 
 
@@ -23,14 +25,7 @@ def _read_records(path: str | Path) -> list[dict]:
             return [{"instance_id": k, **v} for k, v in data.items()]  # {instance_id: record}
         if isinstance(data, dict):
             return [data]
-    records = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not JSON ({e})") from None
-    return records
+    return read_jsonl(path)
 
 
 def _test_list(value) -> list[str]:

@@ -117,8 +117,7 @@ class Sandbox:
 
 def run_instance(instance: dict, pred: dict, config: HarnessConfig) -> dict:
     """Evaluate one prediction; always returns a report (errors are reported, never raised)."""
-    model = _model_dir_name(pred)
-    log_dir = config.out_dir / "logs" / "run_evaluation" / config.run_id / model / instance["instance_id"]
+    log_dir = _log_dir(config, pred, instance["instance_id"])
     log_dir.mkdir(parents=True, exist_ok=True)
     patch = pred.get("model_patch")
     (log_dir / "patch.diff").write_text(patch or "")
@@ -149,8 +148,7 @@ def run_evaluation(instances: list[dict], predictions: dict[str, dict], config: 
         pred = predictions.get(inst["instance_id"])
         if pred is None:
             continue
-        done = (config.out_dir / "logs" / "run_evaluation" / config.run_id / _model_dir_name(pred)
-                / inst["instance_id"] / "report.json")
+        done = _log_dir(config, pred, inst["instance_id"]) / "report.json"
         if done.exists():
             reports.update(json.loads(done.read_text()))  # resumable: finished instances are skipped
         else:
@@ -183,6 +181,10 @@ def write_run_report(instances, predictions, reports, config: HarnessConfig) -> 
     model = _model_dir_name(next(iter(predictions.values()))) if predictions else "none"
     _write_json(config.out_dir / f"{model}.{config.run_id}.json", report)
     return report
+
+
+def _log_dir(config: HarnessConfig, pred: dict, instance_id: str) -> Path:
+    return config.out_dir / "logs" / "run_evaluation" / config.run_id / _model_dir_name(pred) / instance_id
 
 
 def _model_dir_name(pred: dict) -> str:

@@ -102,3 +102,17 @@ def test_L5_exhaustion_needs_input_then_the_answer_resumes_and_succeeds(store, c
     assert any("use approach B" in str(m.get("content")) for m in resumed.seen[0])
     outcomes = [e.data["outcome"] for e in events(store, task.id, "recovery_outcome")]
     assert "answered" in outcomes
+
+
+def test_a_finished_run_leaves_no_guard_behind_in_a_long_lived_worker(store, config, workspace):
+    import gc
+
+    from openglm.agent.resilience.guard import Guard
+
+    w = worker(config, store, ScriptedModel([turn(call("submit")), turn(call("submit"))]))
+    ids = []
+    for _ in range(2):  # one worker, one set of hooks, many tasks: as in the agent server
+        ids.append(service.submit(store, config, "finish", str(workspace)).id)
+        assert w.run_one() == "SUCCEEDED", dump(store, ids[-1])
+    gc.collect()  # type() rather than isinstance(): isinstance probes every object, waking deprecated proxies
+    assert [g for g in gc.get_objects() if type(g) is Guard and g.ctx.task_id in ids] == []
