@@ -63,8 +63,7 @@ def run_case(kind: str, n: int, threads: int) -> dict:
     elif kind == "sdpa":
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     elif kind == "dsa_gather":  # indexer + gather, fused per query block
-        out = dsa_attention(q, k, v, iq, ik, w, TOPK, score_dtype=torch.bfloat16,
-                            value_dtype=torch.bfloat16)
+        out = dsa_attention(q, k, v, iq, ik, w, TOPK, score_dtype=torch.bfloat16)
     elif kind == "local_global_random":
         out = attention(q, k, v, SparsePattern.lgr())
     elif kind == "sliding_window":

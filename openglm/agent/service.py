@@ -103,8 +103,8 @@ def rollback(store, config: AgentConfig, task_id: str, step: int) -> Task:
     sha = state.steps.get(step)
     if sha is None:
         raise ConstraintError("step", f"{step!r} is not a committed step (have {sorted(state.steps)})")
-    snaps = Snapshots(task.workspace, config.task_dir(task_id) / "snapshots.git", config.ignore)
-    snaps.restore(sha)
+    snaps = Snapshots(task.workspace, config.task_dir(task_id) / "snapshots.git", config.ignore, track=False)
+    snaps.restore(sha)  # one restore: watching the workspace would cost more than it saves
     store.append(task_id, [("rollback", state.step, {"to_step": step, "snapshot": sha})], {"snapshot": sha},
                  expect_state={task.state})
     return store.get_task(task_id)

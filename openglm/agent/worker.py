@@ -71,7 +71,7 @@ class Worker:
         kill_leftover_commands(task_dir)
         constraints = parse_constraints(task.constraints)
         limiter = ResourceLimiter(constraints.resources)
-        run = None
+        run = snapshots = None
         heartbeat = _Heartbeat(self, task.id)
         try:
             snapshots = Snapshots(task.workspace, task_dir / "snapshots.git", self.config.ignore)
@@ -94,6 +94,8 @@ class Worker:
         finally:
             heartbeat.stop()
             limiter.close()
+            if snapshots is not None:
+                snapshots.close()  # its inotify watches count against a per-user limit
 
     def _stop(self, task, run, state: TaskState, reason: str) -> str | None:
         step = run.state.step if run and run.state else 0

@@ -9,6 +9,7 @@ This is what makes the DSA gather cheap: each selected key costs one latent row.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from openglm.model.attend import attend_dense, attend_gathered
@@ -17,6 +18,7 @@ from openglm.model.indexer import Indexer
 from openglm.model.norm import RMSNorm
 from openglm.model.rope import apply_rope, softmax_scale
 from openglm.model.sparse import SPARSE_PATTERN_KINDS, mla_pattern_attention, pattern_from_config
+from openglm.model.weights import derived_weight, fused_rows
 
 
 class MLAttention(nn.Module):
@@ -45,26 +47,28 @@ class MLAttention(nn.Module):
         """x [B,T,hidden] (normed). Returns (output [B,T,hidden], DSA selection for a following
         'shared' layer: (indices, valid), or None meaning 'every visible key')."""
         B, T, _ = x.shape
-        q_resid = self.q_a_layernorm(self.q_a_proj(x))
-        q = self.q_b_proj(q_resid).view(B, T, self.n_heads, self.nope + self.rope)
-        q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
-        kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope], dim=-1)
+        q_a, kv, k_pe, index_k = self._project_input(x)
+        q_resid = self.q_a_layernorm(q_a)
+        q, index_q = self._project_query(q_resid)
+        q_nope, q_pe = q.view(B, T, self.n_heads, self.nope + self.rope).split([self.nope, self.rope], dim=-1)
         entries = {"kv": self.kv_a_layernorm(kv), "k_pe": apply_rope(k_pe, cos, sin)}
         if self.indexer is not None:
-            entries["index_k"] = self.indexer.keys(x, cos, sin)
+            # Cached in fp32 (the values stay those of the model dtype): the indexer scores in fp32, and
+            # converting the whole cached key every bf16 decode step cost more than the scoring itself.
+            entries["index_k"] = self.indexer.keys(x, cos, sin, projected=index_k).float()
         if cache is not None:
             entries = cache.update(self.layer_idx, entries)
-        w_kv = self.kv_b_proj.weight.view(self.n_heads, self.nope + self.v_dim, self.rank)
+        w_kv = self._absorbed_weight(B * T).view(self.n_heads, self.nope + self.v_dim, self.rank)
         w_uk, w_uv = w_kv[:, : self.nope], w_kv[:, self.nope:]
         # Absorb W_uk into the query: q_nope . (W_uk c) = (W_uk^T q_nope) . c
-        # (einsum batches over heads with B*T rows each: a broadcast matmul would copy W_uk per sequence)
-        q_lat = torch.einsum("bthn,hnr->bthr", q_nope, w_uk)  # [B, T, H, rank]
+        q_lat = per_head_matmul(q_nope, w_uk)  # [B, T, H, rank]
         q_full = torch.cat([q_lat, apply_rope(q_pe, cos, sin)], dim=-1)
         keys = latent_keys(entries["kv"], entries["k_pe"])  # [B, N, 1, rank+rope]
         selection = None
         if self.kind == "dsa":
             if self.indexer is not None:
-                selection = self.indexer.select(x, q_resid, cos, sin, entries["index_k"], key_valid, past)
+                selection = self.indexer.select(x, q_resid, cos, sin, entries["index_k"], key_valid, past,
+                                                projected=index_q)
             else:
                 selection = prev_selection
         chunk = self.cfg.attn_query_chunk
@@ -75,8 +79,53 @@ class MLAttention(nn.Module):
         else:
             o_lat = attend_gathered(q_full, keys, None, *selection, self.scale, v_dim=self.rank, query_chunk=chunk)
         # Un-absorb W_uv: o_h = W_uv (sum_j p_j c_j)
-        o = torch.einsum("bthr,hvr->bthv", o_lat, w_uv)  # [B, T, H, v]
+        o = per_head_matmul(o_lat, w_uv.transpose(1, 2))  # [B, T, H, v]
         return self.o_proj(o.reshape(B, T, self.n_heads * self.v_dim)), selection
+
+    def _absorbed_weight(self, rows: int) -> torch.Tensor:
+        """kv_b_proj's weight for the absorbed products; for a few rows (decode) without autograd in
+        bf16/fp16 an fp32 copy, so `per_head_matmul` runs in fp32: a reduced-precision bmm this small costs
+        ~2x more in oneDNN set-up than the fp32 product, and it accumulates in fp32 too (same result up to
+        summation order). Prefill-sized products stay in bf16, where oneDNN is the faster one."""
+        w = self.kv_b_proj.weight
+        if w.dtype in (torch.bfloat16, torch.float16) and rows <= 64 and not torch.is_grad_enabled():
+            fp32 = derived_weight(self, "kv_b_fp32", [w], lambda w: w.float())
+            return w if fp32 is None else fp32
+        return w
+
+    def _project_input(self, x):
+        """The projections of x: q_a [B,T,q_lora], kv latent [B,T,rank], k_pe [B,T,rope] and, with an
+        own indexer, its key projection [B,T,index_head_dim] (else None). Without autograd they are
+        one matmul over the stacked weights; training keeps the separate Linears."""
+        linears = [self.q_a_proj, self.kv_a_proj_with_mqa] + ([self.indexer.wk] if self.indexer is not None else [])
+        w = None if torch.is_grad_enabled() else fused_rows(self, "input", linears)
+        if w is None:
+            outs = [lin(x) for lin in linears]
+            q_a, (kv, k_pe) = outs[0], outs[1].split([self.rank, self.rope], dim=-1)
+            return q_a, kv, k_pe, outs[2] if len(outs) > 2 else None
+        parts = F.linear(x, w).split([lin.out_features for lin in linears], dim=-1)
+        kv, k_pe = parts[1].split([self.rank, self.rope], dim=-1)
+        return parts[0], kv, k_pe, parts[2] if len(parts) > 2 else None
+
+    def _project_query(self, q_resid):
+        """q [B,T,H*(nope+rope)] and, with an own indexer, its query projection (else None): one matmul
+        without autograd, as in `_project_input`."""
+        if self.indexer is None:
+            return self.q_b_proj(q_resid), None
+        linears = [self.q_b_proj, self.indexer.wq_b]
+        w = None if torch.is_grad_enabled() else fused_rows(self, "query", linears)
+        if w is None:
+            return self.q_b_proj(q_resid), self.indexer.wq_b(q_resid)
+        q, index_q = F.linear(q_resid, w).split([lin.out_features for lin in linears], dim=-1)
+        return q, index_q
+
+
+def per_head_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H, i] times w [H, i, o] per head -> [B, T, H, o] in x's dtype, as one bmm over heads with
+    B*T rows each (a broadcast matmul would copy w per sequence), computed in w's dtype."""
+    B, T, H, i = x.shape
+    out = torch.bmm(x.reshape(B * T, H, i).transpose(0, 1).to(w.dtype), w)  # [H, B*T, o]
+    return out.transpose(0, 1).view(B, T, H, w.shape[-1]).to(x.dtype)
 
 
 def latent_keys(kv: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:

@@ -32,20 +32,22 @@ class Indexer(nn.Module):
         self.weights_proj = nn.Linear(cfg.hidden_size, self.n_heads, bias=False)
         self.softmax_scale = self.head_dim ** -0.5
 
-    def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """The indexer key of each new token, [B, T, index_head_dim] (what the cache stores as `index_k`)."""
-        k = self.k_norm(self.wk(x))
+    def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, projected=None) -> torch.Tensor:
+        """The indexer key of each new token, [B, T, index_head_dim] (what the cache stores as `index_k`).
+        `projected`: wk(x) when the caller already computed it (fused with its own projections)."""
+        k = self.k_norm(self.wk(x) if projected is None else projected)
         return torch.cat([apply_rope(k[..., : self.rope_dim], cos, sin), k[..., self.rope_dim:]], dim=-1)
 
     @torch.no_grad()
-    def select(self, x, q_resid, cos, sin, index_k, key_valid, past: int):
+    def select(self, x, q_resid, cos, sin, index_k, key_valid, past: int, projected=None):
         """Top-k key positions per query: (indices [B,T,k] long, valid [B,T,k] bool or None = all), or None when
-        every visible key fits in the budget (then DSA is exactly dense causal attention)."""
+        every visible key fits in the budget (then DSA is exactly dense causal attention).
+        `projected`: wq_b(q_resid) when the caller already computed it."""
         B, T, _ = x.shape
         N = index_k.shape[1]
         if N <= self.topk:
             return None
-        q = self.wq_b(q_resid).view(B, T, self.n_heads, self.head_dim)
+        q = (self.wq_b(q_resid) if projected is None else projected).view(B, T, self.n_heads, self.head_dim)
         q = torch.cat([apply_rope(q[..., : self.rope_dim], cos, sin), q[..., self.rope_dim:]], dim=-1)
         # weights_proj runs in fp32 (transformers keeps it fp32 too): it scales every score.
         w = F.linear(x.float(), self.weights_proj.weight.float()) * self.n_heads ** -0.5

@@ -35,6 +35,20 @@ class CausalLMOutput:
     aux: MoEStats | None = None
 
 
+class LMHead(nn.Linear):
+    """The output projection: an nn.Linear (same parameter, hooks and state_dict) whose fp32 decode
+    steps compute W @ x^T: with a handful of rows, MKL's sgemm streams the big [vocab, hidden] weight
+    ~1.7x faster as the left operand than as the transposed right one (bf16 runs through oneDNN, where
+    the plain form is the faster one)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if (x.dtype == torch.float32 and self.weight.dtype == torch.float32 and self.bias is None
+                and rows.shape[0] <= 64 and not torch.is_grad_enabled()):
+            return (self.weight @ rows.t()).t().contiguous().view(*x.shape[:-1], self.weight.shape[0])
+        return super().forward(x)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -69,7 +83,7 @@ class GlmMoeDsaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = GlmMoeDsaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = LMHead(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         if not any(p.is_meta for p in self.parameters()):

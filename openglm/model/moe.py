@@ -18,6 +18,7 @@ from torch import nn
 
 from openglm.model.config import ModelConfig
 from openglm.model.router import Router, balance_losses
+from openglm.model.weights import fused_rows
 
 ACT = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 FEW_ROWS = 4  # experts with at most this many rows (decode) take the small-matmul path
@@ -33,7 +34,12 @@ class MLP(nn.Module):
         self.act = ACT[cfg.hidden_act]
 
     def forward(self, x):
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        # Without autograd, gate and up (which read the same x) are one matmul over their stacked weights.
+        w = None if torch.is_grad_enabled() else fused_rows(self, "gate_up", [self.gate_proj, self.up_proj])
+        if w is None:
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, w).chunk(2, dim=-1)
+        return self.down_proj(self.act(gate).mul_(up))
 
 
 class Experts(nn.Module):
@@ -63,10 +69,8 @@ class Experts(nn.Module):
         ys = self._grouped(x[rows // k], counts.tolist())
         if kept is not None:  # dropped assignments contribute zero
             ys = torch.zeros(order.numel(), x.shape[1], dtype=ys.dtype, device=ys.device).index_put_((kept,), ys)
-        # Undo the sort (a gather, cheaper than a scatter-add), then a weighted sum over each token's k rows.
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
-        y = ys[inverse].view(N, k, -1)
+        # Undo the sort (row i goes back to assignment order[i]), then a weighted sum over each token's k rows.
+        y = torch.empty_like(ys).index_copy_(0, order, ys).view(N, k, ys.shape[-1])
         return torch.bmm(weights.to(y.dtype).unsqueeze(1), y).squeeze(1), dropped
 
     def _grouped(self, xs: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -87,6 +91,8 @@ class Experts(nn.Module):
     def _grouped_inference(self, xs: torch.Tensor, counts: list[int], ys: torch.Tensor) -> torch.Tensor:
         """`_grouped` without autograd: fewer ops per expert (in-place activation, results written
         straight into `ys`), which is what a decode step with ~1 token per expert is bound by."""
+        if xs.dtype == torch.float32 and 0 < max(counts) <= FEW_ROWS and self._grouped_mm_ok():
+            return self._grouped_mm(xs, counts)
         active = [(e, x, y) for e, (x, y) in enumerate(zip(xs.split(counts), ys.split(counts))) if len(x)]
         few = [a for a in active if len(a[1]) <= FEW_ROWS]
         many = [a for a in active if len(a[1]) > FEW_ROWS]
@@ -99,6 +105,20 @@ class Experts(nn.Module):
             many = few + many
         self._swiglu_rows(many)
         return ys
+
+    def _grouped_mm_ok(self) -> bool:
+        # torch._grouped_mm (private, CPU support since torch 2.8) needs 16-byte-aligned row strides.
+        E, H, inter = self.down_proj.shape
+        return hasattr(torch, "_grouped_mm") and H % 4 == 0 and inter % 4 == 0
+
+    def _grouped_mm(self, xs: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """fp32 decode: the per-expert matmuls as two grouped matmuls (one call each instead of two per
+        active expert; measured 1.2-1.5x faster for ~1 row per expert). Group e's rows are
+        xs[offsets[e-1]:offsets[e]], and the [E, in, out] weights are transposed views (no copy).
+        (bf16 grouped matmuls are slower than the loop on CPU, so they stay on `_swiglu_rows`.)"""
+        offsets = torch.tensor(counts, device=xs.device).cumsum(0).to(torch.int32)
+        gate, up = torch._grouped_mm(xs, self.gate_up_proj.transpose(1, 2), offs=offsets).chunk(2, dim=-1)
+        return torch._grouped_mm(self.act(gate).mul_(up), self.down_proj.transpose(1, 2), offs=offsets)
 
     def _swiglu_rows(self, groups) -> None:
         for e, x, y in groups:
@@ -146,7 +166,7 @@ class MoE(nn.Module):
         """x [B,T,H]; token_mask [B*T] bool (real tokens) or None. Returns (out, LayerStats | None)."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        r = self.gate(flat)
+        r = self.gate(flat, with_probs=with_stats)
         out, dropped = self.experts(flat, r.indices, r.weights, self.capacity(flat.shape[0]))
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)

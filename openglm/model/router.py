@@ -31,7 +31,7 @@ from openglm.model.config import ModelConfig
 @dataclass
 class Routing:
     logits: torch.Tensor  # [N, E] fp32
-    probs: torch.Tensor  # [N, E] fp32, rows sum to 1 (for the balance losses)
+    probs: torch.Tensor | None  # [N, E] fp32, rows sum to 1 (for the balance losses; None if not asked for)
     indices: torch.Tensor  # [N, k] chosen experts
     weights: torch.Tensor  # [N, k] gate weights (fp32)
 
@@ -53,7 +53,8 @@ class Router(nn.Module):
             self._buffers["e_score_correction_bias"] = bias.float()
         return self
 
-    def forward(self, x: torch.Tensor) -> Routing:
+    def forward(self, x: torch.Tensor, with_probs: bool = True) -> Routing:
+        """`with_probs=False` skips the balance-loss probabilities (inference without stats)."""
         logits = F.linear(x.float(), self.weight.float())
         if self.kind == "softmax":
             probs = logits.softmax(-1)
@@ -62,7 +63,7 @@ class Router(nn.Module):
             scores = logits.sigmoid()
             indices = self._choose(scores + self.e_score_correction_bias.float())
             weights = scores.gather(1, indices)
-            probs = scores / (scores.sum(-1, keepdim=True) + 1e-20)
+            probs = scores / (scores.sum(-1, keepdim=True) + 1e-20) if with_probs else None
         if self.norm_topk_prob:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         return Routing(logits, probs, indices, weights * self.scaling)

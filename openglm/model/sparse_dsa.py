@@ -13,6 +13,7 @@ result equals the dense-mask formulation. `score_dtype=torch.bfloat16` runs the 
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -22,6 +23,10 @@ from openglm.model.sparse import DEFAULT_BUDGET, check_qkv, needs_grad
 from openglm.model.sparse_patterns import SparsePattern, allowed, key_positions
 
 _CAUSAL = SparsePattern("dense")
+# Bytes per selected (query, key) pair while a chunk is attended: slots, the key-major order and its inverse,
+# the CSR pattern and the copies sampled_addmm makes of it, one head's scores and weights, embedding_bag's
+# bookkeeping (~128 bytes in all).
+PAIR_BYTES = 128
 SCORE_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -48,16 +53,43 @@ def _check_scale(scale: float) -> float:
     return scale
 
 
-def index_scores(index_q, index_k_t, weights, scale: float, score_dtype=torch.float32):
-    """Indexer scores [B, Q, Tk] fp32 of one query block: sum_h w[h] * relu(scale * q[h] . k).
+def index_scores(index_q, index_k_t, weights, scale: float, score_dtype=torch.float32, scratch=None):
+    """Indexer scores [B, Q, Tk] (in score_dtype) of one query block: sum_h w[h] * relu(scale * q[h] . k).
 
-    index_q [B, Q, Hi, Di], index_k_t [B, Di, Tk] (already in score_dtype), weights [B, Q, Hi]."""
+    index_q [B, Q, Hi, Di], index_k_t [B, Di, Tk] (already in score_dtype), weights [B, Q, Hi].
+    With a `Scratch`, the intermediates (and the result) live in its reused buffers."""
     b, nq, hi, di = index_q.shape
+    tk = index_k_t.shape[-1]
+    scratch = scratch or Scratch()
     q = index_q.reshape(b, nq * hi, di).to(score_dtype)
-    sc = torch.bmm(q, index_k_t).relu_()  # one [Q*Hi, Di] x [Di, Tk] product per sequence; scale after relu
-    sc = sc.view(b, nq, hi, -1)
+    # one [Q*Hi, Di] x [Di, Tk] product per sequence; the scale is applied after the relu
+    sc = torch.bmm(q, index_k_t, out=scratch.take("heads", (b, nq * hi, tk), score_dtype)).relu_()
     w = weights.to(score_dtype).unsqueeze(2) * scale  # relu(scale * x) = scale * relu(x): scale > 0
-    return torch.matmul(w, sc).squeeze(2).float()
+    out = torch.matmul(w, sc.view(b, nq, hi, tk), out=scratch.take("summed", (b, nq, 1, tk), score_dtype))
+    return out.view(b, nq, tk)
+
+
+class Scratch:
+    """Reused flat buffers for per-block intermediates.
+
+    A block's scores cover every key up to its last query, so their size grows block after block; fresh
+    allocations of ever new sizes are what glibc's heap reuses worst (before this, the process's peak memory
+    at 32K was 2.6x fused SDPA's while far less was live). A buffer is allocated once, at the largest size
+    the caller announces (`reserve`), and each block takes a view of its front."""
+
+    def __init__(self):
+        self._bufs: dict[str, torch.Tensor] = {}
+        self._sizes: dict[str, int] = {}
+
+    def reserve(self, name: str, numel: int) -> None:
+        self._sizes[name] = max(self._sizes.get(name, 0), numel)
+
+    def take(self, name: str, shape, dtype) -> torch.Tensor:
+        n = math.prod(shape)
+        buf = self._bufs.get(name)
+        if buf is None or buf.numel() < n or buf.dtype != dtype:
+            buf = self._bufs[name] = torch.empty(max(n, self._sizes.get(name, 0)), dtype=dtype)
+        return buf[:n].view(shape)
 
 
 def _causal_ok(kpos, valid, qs: int, qe: int):
@@ -65,54 +97,65 @@ def _causal_ok(kpos, valid, qs: int, qe: int):
     return allowed(_CAUSAL, kpos[:, qs:qe], valid[:, qs:qe], kpos[:, :qe], valid[:, :qe])
 
 
+KEY_TILE = 2048  # bf16 indexer blocks score a multiple of this many keys (see _Selector)
 PREFILTER_STRIDE = 16  # the threshold sample reads every 16th score of a row
-PREFILTER_SLACK = 1.5  # ... and keeps 1.5x its share of the top-k, so the threshold rarely overshoots
+PREFILTER_SLACK = 1.25  # ... and keeps 1.25x its share of the top-k (~3 sigma: the threshold rarely overshoots)
+PREFILTER_MIN_ROW = 3  # rows shorter than 3x the sample's reach are cheaper to top-k whole
 
 
 def _top_slots(sc, n_top: int):
     """Top n_top slots per row of masked scores [B, Q, Tk] as [B, Q, n_top] long (-1 where -inf), each row
     in ascending slot order (cache-friendly reads; the attention needs no sort).
 
-    Long rows are prefiltered: a threshold from a strided sample of the row keeps a few times k candidates,
-    and the exact top-k runs on those only (torch.topk costs ~10 ns per element here). A row whose candidates
-    are fewer than k (the sample overshot) falls back to the full row, so the set is always the exact top-k."""
+    Long rows are prefiltered (torch.topk costs ~10 ns per element here): a threshold from a strided sample
+    of the row keeps ~1.25 k candidates, the exact k-th best score is found among those, and the row's top-k
+    are the candidates at or above it. Rows the shortcut cannot settle exactly (the sample overshot, too few
+    visible keys) take the plain top-k, so the result is always a top-k set."""
     b, nq, tk = sc.shape
     n_top = min(n_top, tk)
     rows = sc.reshape(b * nq, tk)
     n_sample = int(PREFILTER_SLACK * n_top / PREFILTER_STRIDE)
-    if n_sample < 1 or tk < 4 * PREFILTER_STRIDE * n_sample:
+    if n_sample < 1 or tk < PREFILTER_MIN_ROW * PREFILTER_STRIDE * n_sample:
         return _plain_top(rows, n_top).view(b, nq, n_top)
-    thr = rows[:, ::PREFILTER_STRIDE].topk(n_sample, dim=-1, sorted=False).values.amin(-1, keepdim=True)
-    keep = rows >= thr
-    count = keep.sum(-1)
-    short = (count < n_top) | (thr.squeeze(-1) == float("-inf"))
-    keep[short] = False
     out = torch.empty(b * nq, n_top, dtype=torch.long, device=sc.device)
-    if not bool(short.all()):
-        out[~short] = _compact_top(rows, keep, count.masked_fill(short, 0), n_top)[~short]
-    if bool(short.any()):
-        out[short] = _plain_top(rows[short], n_top)
+    thr = rows[:, ::PREFILTER_STRIDE].topk(n_sample, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+    thr.masked_fill_(thr == float("-inf"), float("inf"))  # too few visible keys: no candidates, plain path
+    settled = _prefiltered_top(rows, thr, n_top, out)
+    if not bool(settled.all()):
+        out[~settled] = _plain_top(rows[~settled], n_top)
     return out.view(b, nq, n_top)
+
+
+def _prefiltered_top(rows, thr, n_top: int, out) -> torch.Tensor:
+    """Writes the top n_top slots of each row with enough candidates (scores >= thr) into `out`; returns
+    which rows those were. Slots tied at the k-th score fill the last places in slot order (bf16 scores tie
+    often; torch.topk also picks some of the tied ones)."""
+    n_rows, width = rows.shape
+    flat = (rows >= thr).view(-1).nonzero().squeeze(1)  # row-major: a row's candidates are contiguous, in slot order
+    r = flat // width
+    count = torch.bincount(r, minlength=n_rows)
+    settled = count >= n_top
+    if not bool(settled.any()):
+        return settled
+    vals = rows.view(-1).index_select(0, flat)
+    start = count.cumsum(0) - count
+    padded = rows.new_full((n_rows, int(count.max())), float("-inf"))
+    pos = torch.arange(flat.numel(), device=rows.device) - start.repeat_interleave(count)  # place in its row
+    padded.view(-1).index_put_((r * padded.shape[1] + pos,), vals)
+    # per candidate (candidates are grouped by row): its row's k-th best score
+    kth = padded.topk(n_top, dim=-1, sorted=False).values.amin(-1).repeat_interleave(count)
+    above, tied = vals > kth, vals == kth
+    room = n_top - torch.bincount(r[above], minlength=n_rows)  # places left for slots tied at the k-th score
+    tied_before = tied.cumsum(0) - tied.long()  # tied candidates before this one, over all rows
+    rank = tied_before - tied_before[start.clamp(max=flat.numel() - 1)].repeat_interleave(count)  # ... in its row
+    chosen = (above | (tied & (rank < room.repeat_interleave(count)))) & settled.repeat_interleave(count)
+    out[settled] = (flat - r * width).masked_select(chosen).view(-1, n_top)
+    return settled
 
 
 def _plain_top(rows, n_top: int):
     vals, idx = rows.topk(n_top, dim=-1, sorted=False)  # a set: sorted by slot below, not by score
     return idx.masked_fill_(vals == float("-inf"), -1).sort(-1).values
-
-
-def _compact_top(rows, keep, count, n_top: int):
-    """Exact top n_top among each row's kept entries (rows with fewer kept entries give junk; callers skip)."""
-    r, c = keep.nonzero(as_tuple=True)  # row-major: each row's candidates are contiguous
-    pos = torch.arange(r.numel(), device=rows.device) - (count.cumsum(0) - count)[r]
-    width = max(n_top, int(count.max()))
-    vals = rows.new_full((rows.shape[0], width), float("-inf"))
-    cols = torch.full((rows.shape[0], width), -1, dtype=torch.long, device=rows.device)
-    vals[r, pos], cols[r, pos] = rows[r, c], c
-    top_vals, top = vals.topk(n_top, dim=-1, sorted=False)
-    sel = vals >= top_vals.amin(-1, keepdim=True)  # candidates are in slot order: keep that order
-    if bool((sel.sum(-1) == n_top).all()):  # no ties at the k-th score: the selection is the top-k set
-        return cols[sel].view(-1, n_top)
-    return cols.gather(1, top).masked_fill_(top_vals == float("-inf"), -1).sort(-1).values
 
 
 def indexer_topk(index_q, index_k, weights, topk: int, *, scale: float | None = None,
@@ -126,21 +169,54 @@ def indexer_topk(index_q, index_k, weights, topk: int, *, scale: float | None = 
     _check_indexer(index_q, index_k, weights, score_dtype)
     b, tq, hi, di = index_q.shape
     tk = index_k.shape[1]
-    scale = _check_scale(di ** -0.5 if scale is None else scale)
-    kpos, valid = key_positions(key_mask, key_pos, b, tk, device=index_q.device)
-    n_top = min(topk, tk)
-    out = torch.full((b, tq, n_top), -1, dtype=torch.long, device=index_q.device)
-    block = _block(4 * (hi + 2) * tk, tq, budget_bytes)
+    select = _Selector(index_k, key_mask, key_pos, _check_scale(di ** -0.5 if scale is None else scale),
+                       topk, score_dtype, _block(4 * (hi + 2) * tk, tq, budget_bytes), hi)
+    out = torch.full((b, tq, select.n_top), -1, dtype=torch.long, device=index_q.device)
     past = tk - tq
-    kt = index_k.transpose(1, 2).to(score_dtype)
-    for s in range(0, tq, block):
-        e = min(tq, s + block)
-        qe = past + e  # causal: no key after the block's last query is ever visible
-        sc = index_scores(index_q[:, s:e], kt[:, :, :qe], weights[:, s:e], scale, score_dtype)
-        sc.masked_fill_(~_causal_ok(kpos, valid, past + s, qe), float("-inf"))
-        idx = _top_slots(sc, n_top)
+    for s in range(0, tq, select.block):
+        e = min(tq, s + select.block)
+        idx = select(index_q[:, s:e], weights[:, s:e], past + s, past + e)
         out[:, s:e, :idx.shape[-1]] = idx
     return out
+
+
+class _Selector:
+    """The indexer's top-k for one query block at a time: score the block's queries against every key up to
+    its last one, hide the invisible keys, keep the top-k. Buffers are reused from block to block."""
+
+    def __init__(self, index_k, key_mask, key_pos, scale: float, topk: int, score_dtype, block: int, heads: int):
+        b, tk = index_k.shape[:2]
+        # oneDNN (which runs the bf16 matmuls) caches a compiled kernel per new shape: scoring each block over
+        # exactly its visible keys made ~1 MiB of cache per block (0.5 GiB at 32K). In bf16 the scored range
+        # is rounded up to KEY_TILE keys (zero keys, masked), so only Tk / KEY_TILE shapes ever occur.
+        self.tile = KEY_TILE if score_dtype != torch.float32 else 1
+        kt = index_k.transpose(1, 2).to(score_dtype)  # [B, Di, Tk]: one cast for all blocks
+        self.kt = F.pad(kt, (0, -tk % self.tile))
+        self.scale, self.score_dtype, self.block, self.n_top = scale, score_dtype, block, min(topk, tk)
+        # Without padding or explicit positions, slot order is causal order: only a triangle is hidden.
+        self.plain = key_mask is None and key_pos is None
+        self.kpos, self.valid = key_positions(key_mask, key_pos, b, tk, device=index_k.device)
+        self.scratch = Scratch()
+        for name, per_query in (("heads", heads), ("summed", 1)):
+            self.scratch.reserve(name, b * block * per_query * self.kt.shape[-1])
+
+    def __call__(self, index_q, weights, qs: int, qe: int) -> torch.Tensor:
+        """Key slots [B, qe - qs, <= n_top] of the query slots [qs, qe), ascending per row, -1 = none."""
+        if qe <= self.n_top:  # every visible key fits: no scoring, no top-k
+            ok = self._visible(qs, qe)
+            return torch.arange(qe, device=ok.device).expand(ok.shape).masked_fill(~ok, -1)
+        scored = -(-qe // self.tile) * self.tile
+        sc = index_scores(index_q, self.kt[:, :, :scored], weights, self.scale, self.score_dtype, self.scratch)
+        sc[:, :, qe:] = float("-inf")  # padding keys and keys after the block's last query
+        if self.plain:
+            future = torch.ones(qe - qs, qe - qs, dtype=torch.bool, device=sc.device).triu_(1)
+            sc[:, :, qs:qe].masked_fill_(future, float("-inf"))
+        else:
+            sc[:, :, :qe].masked_fill_(~self._visible(qs, qe), float("-inf"))
+        return _top_slots(sc, self.n_top)
+
+    def _visible(self, qs: int, qe: int) -> torch.Tensor:
+        return _causal_ok(self.kpos, self.valid, qs, qe)
 
 
 def gather_attention(q, k, v, topk_idx, *, scale: float | None = None,
@@ -164,40 +240,52 @@ def gather_attention(q, k, v, topk_idx, *, scale: float | None = None,
     else:
         out = q.new_empty(b, h, tq, v.shape[-1])
         n_top = max(1, topk_idx.shape[-1])
-        # per query: slots and mask (int64 + bool), CSR pattern, scores and weights of one head at a time
-        block = _block(4 * n_top * 12, tq, budget_bytes)
+        block = _block(PAIR_BYTES * n_top, tq, budget_bytes)
         for s in range(0, tq, block):
             e = min(tq, s + block)
             idx = topk_idx[:, s:e].long()
             ok = idx >= 0
             for i in range(b):
                 out[i, :, s:e] = _sparse_attend(q[i, :, s:e], k[i], v[i], idx[i], ok[i], scale, sorted_slots)
-    return out.masked_fill(~(topk_idx >= 0).any(-1)[:, None, :, None], 0.0)
+    return out.masked_fill_(~(topk_idx >= 0).any(-1)[:, None, :, None], 0.0)
 
 
 def _sparse_attend(q, k, v, idx, ok, scale: float, sorted_slots: bool = False):
     """One sequence: q [H, Q, Dk], k [Hkv, Tk, Dk], v [Hkv, Tk, Dv], idx/ok [Q, K] -> [H, Q, Dv].
 
-    Rows are read in slot order (cache-friendly); unused entries read slot 0 with weight 0. Queries with no visible key come out NaN; the caller zeroes them."""
+    The scores of the selected (query, key) pairs are computed key-major: the pairs are ordered by key, so
+    each key row is read once, in order, by every query of the block that selected it (query rows stay in
+    cache). Query-major reads jump across the whole key matrix; at 64K keys one head's keys no longer fit in
+    cache and that costs ~2x. The values are then summed per query in slot order. Unused entries read slot 0
+    with weight 0; queries with no visible key come out NaN (the caller zeroes them)."""
     h, nq, _ = q.shape
     hkv, tk = k.shape[:2]
     n_top = idx.shape[-1]
-    idx = idx.masked_fill(~ok, 0)
+    all_ok = bool(ok.all())  # the usual case past the first k positions: nothing to mask
+    if not all_ok:
+        idx = idx.masked_fill(~ok, 0)
     if not sorted_slots:
         idx, order = idx.sort(-1)
         ok = ok.gather(-1, order)
     cols = idx.reshape(-1)
-    crow = torch.arange(0, nq * n_top + 1, n_top, device=q.device)
-    offsets = crow[:-1]
+    by_key = torch.argsort(cols, stable=True)  # pair positions in key order
+    to_query_major = torch.empty_like(by_key)
+    to_query_major[by_key] = torch.arange(by_key.numel(), device=q.device)
+    key_rows = torch.zeros(tk + 1, dtype=torch.long, device=q.device)
+    torch.cumsum(torch.bincount(cols, minlength=tk), 0, out=key_rows[1:])
     with warnings.catch_warnings():  # "sparse CSR support is in beta": the two ops used here are stable
         warnings.simplefilter("ignore")
-        pattern = torch.sparse_csr_tensor(crow, cols, q.new_zeros(nq * n_top), size=(nq, tk))
+        pattern = torch.sparse_csr_tensor(key_rows, by_key // n_top, q.new_zeros(by_key.numel()), size=(tk, nq))
+    offsets = torch.arange(0, nq * n_top, n_top, device=q.device)
     out = q.new_empty(h, nq, v.shape[-1])
     g = h // hkv
     for j in range(h):
         kh, vh = k[j // g], v[j // g]
-        sc = torch.sparse.sampled_addmm(pattern, q[j], kh.transpose(0, 1), beta=0.0, alpha=scale).values()
-        p = torch.softmax(sc.view(nq, n_top).masked_fill_(~ok, float("-inf")), -1)
+        # [Tk, Dk] x [Dk, Q] sampled at the pattern; q[j].t() keeps each query's row contiguous
+        sc = torch.sparse.sampled_addmm(pattern, kh, q[j].t(), beta=0.0, alpha=scale).values()
+        sc = sc.index_select(0, to_query_major)
+        sc = sc.view(nq, n_top) if all_ok else sc.view(nq, n_top).masked_fill_(~ok, float("-inf"))
+        p = torch.softmax(sc, -1)
         out[j] = F.embedding_bag(cols, vh, offsets, mode="sum", per_sample_weights=p.view(-1).to(vh.dtype))
     return out
 
@@ -246,13 +334,13 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
     b, h, tq, _ = q.shape
     tk, hi, di = k.shape[2], index_q.shape[2], index_q.shape[3]
     index_scale = _check_scale(di ** -0.5 if index_scale is None else index_scale)
-    kpos, valid = key_positions(key_mask, key_pos, b, tk, device=q.device)
-    past, n_top = tk - tq, min(topk, tk)
-    block = _block(4 * (hi + 2) * tk, tq, budget_bytes)
+    past = tk - tq
+    select = _Selector(index_k, key_mask, key_pos, index_scale, topk, score_dtype,
+                       _block(4 * (hi + 2) * tk, tq, budget_bytes), hi)
+    block, n_top = select.block, select.n_top
     # Attention runs on chunks of several indexer blocks: each head's keys are then reused by the whole chunk
-    # while they are in cache (~30% faster at 64K); the chunk's slots cost chunk x k x 8 bytes.
-    chunk = max(block, _block(4 * n_top * 12, tq, budget_bytes) // block * block)
-    kt = index_k.transpose(1, 2).to(score_dtype)
+    # while they are in cache; the chunk's selected pairs cost chunk x k x PAIR_BYTES.
+    chunk = max(block, _block(PAIR_BYTES * n_top, tq, budget_bytes) // block * block)
     out = q.new_empty(b, h, tq, v.shape[-1])
     v = v if needs_grad(q, k, v) else v.to(value_dtype)  # one O(N) cast, not one per block
     for c in range(0, tq, chunk):
@@ -261,18 +349,8 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
         idx = torch.full((b, ce - c, min(n_top, qe)), -1, dtype=torch.long, device=q.device)
         for s in range(c, ce, block):
             e = min(ce, s + block)
-            sel = _select(index_q[:, s:e], kt, weights[:, s:e], kpos, valid, past + s, past + e, n_top,
-                          index_scale, score_dtype)
+            sel = select(index_q[:, s:e], weights[:, s:e], past + s, past + e)
             idx[:, s - c:e - c, :sel.shape[-1]] = sel
         out[:, :, c:ce] = gather_attention(q[:, :, c:ce], k[:, :, :qe], v[:, :, :qe], idx, scale=scale,
                                            budget_bytes=budget_bytes, sorted_slots=True)
     return out
-
-
-def _select(index_q, kt, weights, kpos, valid, qs: int, qe: int, n_top: int, scale: float, score_dtype):
-    """Key slots [B, qe - qs, <= n_top] of the query slots [qs, qe), ascending per row, -1 = none."""
-    ok = _causal_ok(kpos, valid, qs, qe)
-    if qe <= n_top:  # every visible key fits: no scoring, no top-k
-        return torch.arange(qe, device=kt.device).expand(ok.shape).masked_fill(~ok, -1)
-    sc = index_scores(index_q, kt[:, :, :qe], weights, scale, score_dtype)
-    return _top_slots(sc.masked_fill_(~ok, float("-inf")), n_top)

@@ -6,6 +6,10 @@ stores stacked for grouped matmuls:
                                                             + model.layers.L.mlp.experts.{e}.up_proj.weight   [I, H]
     model.layers.L.mlp.experts.down_proj     [E, H, I]  <->  model.layers.L.mlp.experts.{e}.down_proj.weight [H, I]
 Checkpoints that already hold the stacked form (transformers' in-memory layout) load as is.
+
+It also holds `derived_weight` / `fused_rows`: inference-only tensors built from parameters (e.g. the
+stacked weights of projections that read the same input), cached outside the state_dict and rebuilt
+whenever a source parameter changes.
 """
 
 from __future__ import annotations
@@ -85,3 +89,38 @@ def is_extra_layer(hf_name: str, num_hidden_layers: int) -> bool:
     """Tensors of layers past num_hidden_layers (GLM-5's multi-token-prediction layer): ignored on load."""
     m = _LAYER.match(hf_name)
     return bool(m) and int(m.group(1)) >= num_hidden_layers
+
+
+# ---- Derived inference weights ------------------------------------------------------------------
+# Inference fuses projections that read the same input into one matmul (and the like). The fused
+# tensors are derived from the parameters, so they are cached and rebuilt whenever a source changes.
+
+
+def derived_weight(module: torch.nn.Module, name: str, sources: list[torch.Tensor],
+                   build: Callable[..., torch.Tensor]) -> torch.Tensor | None:
+    """`build(*sources)`, cached on `module` under `name` until a source changes: another tensor, new
+    storage (`module.to(...)`, `p.data = ...`) or an in-place update (optimizer steps, load_state_dict
+    and init all bump the parameter's version counter). Writes through `p.data` bypass that counter and
+    are not seen. Returns None, meaning "use the unfused path", when a source is not a Parameter (e.g.
+    the engine's quantisation dequantises weights per call) or is an inference tensor (no version
+    counter). Never part of state_dict: the cache is a plain attribute, not a parameter or buffer."""
+    if not all(isinstance(t, torch.nn.Parameter) and not t.is_inference() for t in sources):
+        return None
+    key = [(t.data_ptr(), t._version, t.dtype, t.device) for t in sources]
+    cache = module.__dict__.setdefault("_derived_weights", {})
+    hit = cache.get(name)
+    # Holding the sources keeps their storage alive, so a data_ptr in `key` cannot be reused meanwhile.
+    if hit is not None and hit[1] == key and all(a is b for a, b in zip(hit[0], sources)):
+        return hit[2]
+    with torch.no_grad():
+        value = build(*sources)
+    cache[name] = (list(sources), key, value)
+    return value
+
+
+def fused_rows(module: torch.nn.Module, name: str, linears: list[torch.nn.Linear]) -> torch.Tensor | None:
+    """The weights of bias-free Linears that read the same input, stacked on the output dim, so one
+    matmul gives all their outputs side by side (None if any has a bias, or see `derived_weight`)."""
+    if any(lin.bias is not None for lin in linears):
+        return None
+    return derived_weight(module, name, [lin.weight for lin in linears], lambda *ws: torch.cat(ws, 0))

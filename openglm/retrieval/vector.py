@@ -2,9 +2,10 @@
 
     flat       exact search over every vector (the baseline)
     ivf        inverted lists: k-means buckets, probe the `nprobe` nearest
-    ivfpq      ... with product-quantised codes in the lists (4-bit fast-scan PQ)
+    ivfpq      ... with quantised codes in the lists: 4-bit fast-scan product quantisation
+               (`pq_dsub`) or 8-bit scalar quantisation (`sq_bits`); the preset picks by metric
     two-level  ... with many more lists, routed by an HNSW graph over the centroids
-    prune      IVF-PQ probing, per query, only lists whose centroid distance is within
+    prune      quantised-code probing, per query, only lists whose centroid distance is within
                `prune_ratio` x the best one (adaptive, `nprobe` is only a cap)
     rerank     ... and re-ranking a shortlist of `rerank` x k candidates exactly
 
@@ -37,6 +38,7 @@ class VectorConfig:
     ef_search: int = 64  # HNSW coarse search breadth at query time (raised to nprobe when smaller)
     pq_dsub: int = 0  # 0: raw vectors in the lists; else dimensions per 4-bit PQ sub-quantiser
     pq_residual: bool = True  # PQ-encode vector - centroid (one look-up table per probed list)
+    sq_bits: int = 0  # 0: no scalar codes; 8: 8-bit scalar-quantised vectors in the lists (see SQ8)
     nprobe: int = 16  # lists probed per query (the cap when pruning)
     prune_ratio: float = 0.0  # 0: fixed nprobe; else keep lists with d <= ratio * d_best
     rerank: int = 0  # 0: none; else exact re-rank of a shortlist of rerank * k candidates
@@ -47,8 +49,12 @@ class VectorConfig:
             raise ValueError(f"VectorConfig.metric must be 'ip' or 'l2', got {self.metric!r}")
         if self.coarse not in ("flat", "hnsw"):
             raise ValueError(f"VectorConfig.coarse must be 'flat' or 'hnsw', got {self.coarse!r}")
-        if self.nlist == 0 and (self.pq_dsub or self.prune_ratio or self.coarse != "flat"):
-            raise ValueError("VectorConfig: pq_dsub, prune_ratio and coarse='hnsw' need nlist > 0")
+        if self.nlist == 0 and (self.pq_dsub or self.sq_bits or self.prune_ratio or self.coarse != "flat"):
+            raise ValueError("VectorConfig: pq_dsub, sq_bits, prune_ratio and coarse='hnsw' need nlist > 0")
+        if self.sq_bits not in (0, 8):
+            raise ValueError(f"VectorConfig.sq_bits must be 0 or 8, got {self.sq_bits}")
+        if self.sq_bits and self.pq_dsub:
+            raise ValueError("VectorConfig: choose one kind of codes, pq_dsub or sq_bits")
         if self.prune_ratio and self.prune_ratio < 1.0:
             raise ValueError(f"VectorConfig.prune_ratio must be 0 or >= 1, got {self.prune_ratio}")
 
@@ -64,19 +70,20 @@ class VectorConfig:
 STAGES = ["flat", "ivf", "ivfpq", "two-level", "prune", "rerank"]
 
 # The ladder as data: each stage adds one change to the previous. `lists_per_sqrt_n` scales the
-# number of inverted lists with the data set (4 sqrt(n) one-level, 8 sqrt(n) two-level).
-# Pruning and re-ranking build on the flat-routed IVF-PQ, not on two-level routing: measured on
-# 2 cores (docs/retrieval.md), a batched exact coarse search over 4 sqrt(n) centroids is one BLAS
-# call and loses no lists, while the HNSW router costs as much per query and misses some; with
-# 4-bit residual PQ the per-probe look-up tables, not the centroid search, dominate, so the win
-# comes from probing fewer lists (pruning) and re-ranking a short list exactly.
+# number of inverted lists with the data set (4 sqrt(n) one-level, 8 sqrt(n) two-level);
+# `codes="quantised"` is resolved by `ladder_config` (4-bit PQ or 8-bit SQ, see there).
+# Pruning and re-ranking build on the flat-routed quantised index, not on two-level routing:
+# measured on 2 cores (docs/retrieval.md), a batched exact coarse search over 4 sqrt(n) centroids
+# is one BLAS call and loses no lists, while the HNSW router misses some lists and, over 8 sqrt(n)
+# lists, was slower at equal recall; the win comes from probing fewer lists (pruning) and
+# re-ranking a short list exactly.
 LADDER = {
     "flat": dict(),
     "ivf": dict(lists_per_sqrt_n=4, nprobe=16),
-    "ivfpq": dict(lists_per_sqrt_n=4, nprobe=16, pq_dsub=2),
-    "two-level": dict(lists_per_sqrt_n=8, nprobe=32, pq_dsub=2, coarse="hnsw"),
-    "prune": dict(lists_per_sqrt_n=4, nprobe=16, pq_dsub=2, prune_ratio=1.8),
-    "rerank": dict(lists_per_sqrt_n=4, nprobe=16, pq_dsub=2, prune_ratio=1.8, rerank=8),
+    "ivfpq": dict(lists_per_sqrt_n=4, nprobe=16, codes="quantised"),
+    "two-level": dict(lists_per_sqrt_n=8, nprobe=32, codes="quantised", coarse="hnsw"),
+    "prune": dict(lists_per_sqrt_n=4, nprobe=16, codes="quantised", prune_ratio=1.8),
+    "rerank": dict(lists_per_sqrt_n=4, nprobe=16, codes="quantised", prune_ratio=1.8, rerank=4),
 }
 
 
@@ -88,16 +95,42 @@ def ladder_config(stage: str, n: int, dim: int, metric: str = "ip", **overrides)
     if factor:
         # Few vectors per list makes k-means and PQ meaningless: keep >= ~39 points per list.
         preset["nlist"] = max(1, min(int(factor * np.sqrt(n)), n // 39))
+    if preset.pop("codes", None) and not (overrides.get("pq_dsub") or overrides.get("sq_bits")):
+        # Which codes, measured on the benchmark's two data sets (docs/retrieval.md):
+        # - l2 (SIFT-like: tight, low-dimensional clusters far from the origin): 8-bit scalar codes.
+        #   4-bit PQ needs residual codes there (raw PQ recall 0.34 vs 0.68), i.e. one look-up
+        #   table per probed list, which made it 1.8x slower than FAISS HNSW at equal recall; SQ8
+        #   is near exact (lossless on byte-valued data), so the re-rank shortlist stays short.
+        # - ip (normalised sentence embeddings, weakly clustered, 384-d): 4-bit fast-scan PQ on the
+        #   raw vectors, one look-up table per query; these need 64+ probes, and SQ8 scans d bytes
+        #   per vector where PQ scans d/4 (~9x slower there).
+        if metric == "l2":
+            preset["sq_bits"] = 8
+        else:
+            preset.update(pq_dsub=2, pq_residual=False)
     if preset.get("pq_dsub") and dim % preset["pq_dsub"]:
         preset["pq_dsub"] = 1
-    if preset.get("pq_dsub"):
-        # Residual codes pay off when lists are tight clusters far from the origin (SIFT-like l2
-        # data: raw PQ recall 0.68 vs 0.34 without). Normalised sentence embeddings are not: the
-        # residual is as long as the vector, and one look-up table per query instead of one per
-        # probed list was 7.6x faster at the same recall on the code set (docs/retrieval.md).
+    if overrides.get("pq_dsub") and "pq_residual" not in overrides:
+        # Residual PQ codes pay off when lists are tight clusters far from the origin (l2 data);
+        # for normalised embeddings the residual is as long as the vector (see above).
         preset["pq_residual"] = metric == "l2"
     preset.update(metric=metric, **overrides)
     return VectorConfig(**preset)
+
+
+SQ8_BYTES = "bytes"  # 8-bit codes are the values themselves (data is integers in 0..255: lossless)
+SQ8_TRAINED = "trained"  # 8-bit codes over a per-dimension range learnt from the training vectors
+
+
+def _is_bytes(x: np.ndarray) -> bool:
+    """Every value an integer in 0..255 (checked in blocks to bound the temporaries)."""
+    if not len(x):
+        return False
+    for i in range(0, len(x), 65536):
+        b = x[i:i + 65536]
+        if not ((b >= 0) & (b <= 255) & (b == np.rint(b))).all():
+            return False
+    return True
 
 
 class VectorIndex:
@@ -109,7 +142,7 @@ class VectorIndex:
         self.index = self._make_index()
 
     # ---- construction -------------------------------------------------------------------
-    def _make_index(self) -> faiss.Index:
+    def _make_index(self, sq8: str = SQ8_TRAINED) -> faiss.Index:
         c, d = self.config, self.dim
         if c.nlist == 0:
             return faiss.IndexIDMap2(faiss.IndexFlatL2(d))
@@ -119,6 +152,10 @@ class VectorIndex:
                 raise ValueError(f"pq_dsub={c.pq_dsub} does not divide the dimension {d}")
             index = faiss.IndexIVFPQFastScan(quantizer, d, c.nlist, d // c.pq_dsub, 4)
             index.by_residual = c.pq_residual
+        elif c.sq_bits:
+            # Codes of the vectors themselves (not residuals), so byte-valued data keeps its bytes.
+            qtype = faiss.ScalarQuantizer.QT_8bit_direct if sq8 == SQ8_BYTES else faiss.ScalarQuantizer.QT_8bit
+            index = faiss.IndexIVFScalarQuantizer(quantizer, d, c.nlist, qtype, faiss.METRIC_L2, False)
         else:
             index = faiss.IndexIVFFlat(quantizer, d, c.nlist)
         if c.coarse == "hnsw":
@@ -144,13 +181,16 @@ class VectorIndex:
         return x
 
     def train(self, x: np.ndarray, seed: int = 0, centroids: np.ndarray | None = None) -> None:
-        """k-means the lists (unless `centroids` from another index are given) and train the PQ."""
+        """k-means the lists (unless `centroids` from another index are given) and train the codes
+        (byte-valued data with `sq_bits=8` gets lossless byte codes, others a trained range)."""
         x = self._check(x, "train")
         c = self.config
         if self.index.is_trained or c.nlist == 0:
             return
         if len(x) < c.nlist:
             raise ValueError(f"cannot train {c.nlist} lists on {len(x)} vectors")
+        if c.sq_bits and _is_bytes(x) and self.sq8_mode() != SQ8_BYTES:
+            self.index = self._make_index(SQ8_BYTES)  # still empty and untrained
         if centroids is not None:
             if centroids.shape != (c.nlist, self.dim):
                 raise ValueError(f"centroids: expected shape ({c.nlist}, {self.dim}), got {centroids.shape}")
@@ -163,6 +203,31 @@ class VectorIndex:
             x = x[np.random.default_rng(seed).choice(len(x), size, replace=False)]
         self.index.train(x)
 
+    def sq8_mode(self) -> str | None:
+        """SQ8_BYTES or SQ8_TRAINED for 8-bit scalar codes, else None."""
+        index = faiss.downcast_index(self.index)
+        if not isinstance(index, faiss.IndexIVFScalarQuantizer):
+            return None
+        return SQ8_BYTES if index.sq.qtype == faiss.ScalarQuantizer.QT_8bit_direct else SQ8_TRAINED
+
+    def _recode(self, more: np.ndarray) -> None:
+        """Byte codes cannot hold `more` (not byte-valued): re-encode every stored vector with a
+        trained 8-bit quantiser, keeping the lists (centroids) and the ids."""
+        cents = self.centroids()
+        keep = np.flatnonzero(self.alive)
+        self.index = self._make_index(SQ8_TRAINED)
+        if self.config.coarse == "hnsw":
+            faiss.downcast_index(self.index.quantizer).hnsw.efSearch = 128
+        self.index.quantizer.add(cents)
+        self.index.quantizer.is_trained = True
+        x = np.concatenate([self.vectors[keep], more])
+        size = self.config.train_size or min(len(x), 256 * 1024)
+        if size < len(x):
+            x = x[np.random.default_rng(0).choice(len(x), size, replace=False)]
+        self.index.train(x)  # the quantiser is full, so only the scalar ranges are learnt
+        if len(keep):
+            self.index.add_with_ids(self.vectors[keep], keep.astype(np.int64))
+
     def centroids(self) -> np.ndarray:
         """The list centroids (to share one k-means between ladder stages)."""
         q = self.index.quantizer
@@ -173,6 +238,8 @@ class VectorIndex:
         x = self._check(x, "add")
         if not self.index.is_trained:
             self.train(np.concatenate([self.vectors[self.alive], x]))
+        elif self.sq8_mode() == SQ8_BYTES and len(x) and not _is_bytes(x):
+            self._recode(x)
         ids = np.arange(len(self.vectors), len(self.vectors) + len(x), dtype=np.int64)
         if self.config.coarse == "hnsw":
             # Assignment to lists goes through the graph: too narrow a search files vectors
@@ -232,23 +299,15 @@ class VectorIndex:
         return self.index.search_preassigned(xq, k, iq, dq)
 
     def _rerank(self, xq: np.ndarray, cand: np.ndarray, k: int):
-        """Exact squared L2 on the shortlist (FAISS's by-index kernel); missing candidates rank last."""
-        missing = cand < 0
-        ids = np.where(missing, 0, cand)
-        dist = np.empty(cand.shape, dtype=np.float32)
-        faiss.fvec_L2sqr_by_idx(faiss.swig_ptr(dist), faiss.swig_ptr(xq), faiss.swig_ptr(self.vectors),
-                                faiss.swig_ptr(ids), self.dim, len(xq), cand.shape[1])
-        dist[missing] = np.inf
-        k_eff = min(k, cand.shape[1])
-        top = np.argpartition(dist, k_eff - 1, axis=1)[:, :k_eff]
-        top_d = np.take_along_axis(dist, top, axis=1)
-        order = np.argsort(top_d, axis=1, kind="stable")
-        out_i = np.take_along_axis(np.take_along_axis(cand, top, axis=1), order, axis=1)
-        out_d = np.take_along_axis(top_d, order, axis=1)
-        if k_eff < k:
-            out_i = np.pad(out_i, ((0, 0), (0, k - k_eff)), constant_values=-1)
-            out_d = np.pad(out_d, ((0, 0), (0, k - k_eff)), constant_values=np.inf)
-        return out_d, np.where(np.isinf(out_d), -1, out_i)
+        """Exact squared L2 on the shortlist, top k kept (FAISS's by-index k-NN kernel, one call
+        for the batch). Missing candidates (-1) come last in FAISS results; they stay missing."""
+        cand = np.ascontiguousarray(cand, dtype=np.int64)
+        nq, ns = cand.shape
+        dist = np.empty((nq, k), dtype=np.float32)
+        ids = np.empty((nq, k), dtype=np.int64)
+        faiss.knn_L2sqr_by_idx(faiss.swig_ptr(xq), faiss.swig_ptr(self.vectors), faiss.swig_ptr(cand),
+                               self.dim, nq, len(self.vectors), ns, k, faiss.swig_ptr(dist), faiss.swig_ptr(ids), ns)
+        return dist, ids
 
     def _to_scores(self, d: np.ndarray, i: np.ndarray) -> np.ndarray:
         if self.config.metric == "ip":

@@ -262,6 +262,30 @@ def test_topk_prefilter_is_exact_and_falls_back_when_the_sample_overshoots():
     assert (got[0, 2] == -1).sum() == n_top - 20
 
 
+def test_topk_prefilter_breaks_ties_at_the_kth_score_like_plain_topk():
+    from openglm.model import sparse_dsa
+    g = torch.Generator().manual_seed(17)
+    n_top, tk = 32, 4096
+    sc = torch.randn(3, tk, generator=g)
+    kth = sc[1].topk(n_top).values[-1]
+    sc[1, :5] = kth  # the k-th best score is shared by several slots: any n_top of them is a top-k
+    got = sparse_dsa._top_slots(sc[None], n_top)[0]
+    for row, slots in zip(sc, got):
+        assert slots.unique().numel() == n_top
+        rest = row.clone()
+        rest[slots] = float("-inf")
+        assert row[slots].min() >= rest.max()
+
+
+def test_indexer_without_padding_equals_the_general_mask_path():
+    g = torch.Generator().manual_seed(18)
+    iq, ik, w = torch.randn(2, 300, 2, 8, generator=g), torch.randn(2, 400, 8, generator=g), torch.rand(2, 300, 2, generator=g)
+    plain = indexer_topk(iq, ik, w, 32, budget_bytes=1 << 16)  # causal triangle only, prefiltered rows
+    general = indexer_topk(iq, ik, w, 32, key_mask=torch.ones(2, 400, dtype=torch.bool), budget_bytes=1 << 16)
+    assert torch.equal(plain, general)
+    assert (plain[:, :, -1] >= 0).all() and (plain < torch.arange(100, 400)[None, :, None] + 1).all()
+
+
 def test_dsa_bf16_values_stay_close_to_fp32():
     q, k, v = qkv(b=1, h=4, hkv=1, t=48, dk=8, dv=8, seed=15)
     g = torch.Generator().manual_seed(16)

@@ -34,7 +34,7 @@ def exhaustive(index):
     c = index.config
     if c.nlist:
         index.set_search(nprobe=c.nlist, prune_ratio=1e9 if c.prune_ratio else 0.0,
-                         rerank=300 if c.pq_dsub else c.rerank)
+                         rerank=300 if c.pq_dsub or c.sq_bits else c.rerank)
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -50,9 +50,11 @@ def test_every_stage_returns_exact_neighbours(built, data, stage):
     assert len(np.unique(ids[0])) == K
 
 
-def test_pq_without_rerank_is_approximate_and_rerank_fixes_it(built, data):
+def test_pq_without_rerank_is_approximate_and_rerank_fixes_it(data):
     xb, xq, truth, d2 = data
-    index = built["ivfpq"]
+    index = VectorIndex(DIM, ladder_config("ivfpq", len(xb), DIM, metric="l2", pq_dsub=2))
+    assert index.config.sq_bits == 0 and index.config.pq_residual
+    index.add(xb)
     index.set_search(nprobe=index.config.nlist, rerank=0)
     _, approx = index.search(xq, K)
     recall = np.mean([len(set(a) & set(t)) / K for a, t in zip(approx, truth)])
@@ -123,11 +125,13 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
         VectorIndex(4).set_search(nlist=3)
 
 
-def test_residual_codes_follow_the_metric_and_survive_a_reload(tmp_path, data):
-    assert ladder_config("rerank", 10**6, 128, metric="l2").pq_residual
-    assert not ladder_config("rerank", 10**6, 384, metric="ip").pq_residual
+def test_codes_follow_the_metric_and_survive_a_reload(tmp_path, data):
+    l2, ip = ladder_config("rerank", 10**6, 128, metric="l2"), ladder_config("rerank", 10**6, 384, metric="ip")
+    assert (l2.sq_bits, l2.pq_dsub) == (8, 0)
+    assert (ip.sq_bits, ip.pq_dsub, ip.pq_residual) == (0, 2, False)
+    assert ladder_config("rerank", 10**6, 128, metric="l2", pq_dsub=2).pq_residual
     xb, xq, truth, _ = data
-    index = VectorIndex(DIM, ladder_config("rerank", len(xb), DIM, metric="l2", pq_residual=False))
+    index = VectorIndex(DIM, ladder_config("rerank", len(xb), DIM, metric="l2", pq_dsub=2, pq_residual=False))
     index.add(xb)
     assert not index.index.by_residual
     index.set_search(nprobe=index.config.nlist, prune_ratio=0.0, rerank=30)
@@ -137,3 +141,66 @@ def test_residual_codes_follow_the_metric_and_survive_a_reload(tmp_path, data):
     assert not again.config.pq_residual and not again.index.by_residual
     np.testing.assert_array_equal(again.search(xq, K)[1], before)
     assert np.mean([len(set(a) & set(t)) / K for a, t in zip(before, truth)]) > 0.95
+
+
+def _float_data(n, seed):
+    """Not byte-valued: unit-scale, negative values, fractions."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(20, DIM)).astype(np.float32)
+    return (centres[rng.integers(0, 20, n)] + 0.3 * rng.normal(size=(n, DIM))).astype(np.float32)
+
+
+def test_sq8_stores_bytes_losslessly_and_other_data_with_a_trained_range(built, data):
+    xb, xq, truth, d2 = data
+    index = built["ivfpq"]  # l2 preset: 8-bit scalar codes; sift-like values are bytes
+    assert index.config.sq_bits == 8 and index.sq8_mode() == "bytes"
+    index.set_search(nprobe=index.config.nlist, rerank=0)
+    dist, _ = index.search(xq, K)  # no re-rank: the codes are the vectors themselves
+    np.testing.assert_allclose(dist, np.take_along_axis(d2, truth, 1), rtol=1e-5, atol=1e-3)
+
+    xf = _float_data(2000, 3)
+    qf = _float_data(30, 4)
+    exact = np.argsort(((qf[:, None] - xf[None]) ** 2).sum(-1), axis=1, kind="stable")[:, :K]
+    fl = VectorIndex(DIM, VectorConfig(metric="l2", nlist=20, sq_bits=8, nprobe=20))
+    fl.add(xf)
+    assert fl.sq8_mode() == "trained"
+    _, approx = fl.search(qf, K)
+    r_approx = np.mean([len(set(a) & set(t)) / K for a, t in zip(approx, exact)])
+    assert 0.5 < r_approx  # 8-bit codes are close ...
+    fl.set_search(rerank=10)
+    _, fixed = fl.search(qf, K)
+    assert np.mean([len(set(a) & set(t)) / K for a, t in zip(fixed, exact)]) == 1.0  # ... and re-ranked exact
+
+
+def test_sq8_byte_codes_re_encode_when_non_byte_vectors_arrive(data, tmp_path):
+    xb, xq, _, _ = data
+    index = VectorIndex(DIM, ladder_config("rerank", len(xb), DIM, metric="l2"))
+    index.add(xb)
+    assert index.sq8_mode() == "bytes"
+    index.remove([0, 1, 2])
+    extra = xq[:5] + 0.25  # off the byte grid: byte codes cannot hold these
+    new = index.add(extra)
+    assert index.sq8_mode() == "trained" and index.ntotal == len(xb) - 3 + 5
+    index.set_search(nprobe=index.config.nlist, prune_ratio=0.0, rerank=30)
+    dist, ids = index.search(xq[:5], K)
+    np.testing.assert_array_equal(ids[:, 0], new)  # each query's shifted copy is its nearest
+    np.testing.assert_allclose(dist[:, 0], np.full(5, 0.25 ** 2 * DIM), rtol=1e-4)
+    assert not np.isin(ids, [0, 1, 2]).any()
+    index.save(tmp_path)
+    again = VectorIndex.load(tmp_path)
+    assert again.sq8_mode() == "trained"
+    np.testing.assert_array_equal(again.search(xq[:5], K)[1], ids)
+
+
+def test_rerank_shortlist_longer_than_the_candidates_pads_with_missing(data):
+    xb, xq, _, d2 = data
+    index = VectorIndex(DIM, VectorConfig(metric="l2", nlist=60, sq_bits=8, nprobe=1, rerank=1000))
+    index.add(xb[:200])  # ~3 vectors per list: one probe finds fewer than k
+    dist, ids = index.search(xq, K)
+    assert (ids == -1).any() and np.isinf(dist[ids == -1]).all()
+    found = ids >= 0
+    assert found[:, 0].all()
+    # every real hit sits at its reported exact distance, in order
+    np.testing.assert_allclose(np.take_along_axis(d2[:, :200], np.where(found, ids, 0), 1)[found], dist[found],
+                               rtol=1e-5, atol=1e-3)
+    assert (np.diff(np.where(found, dist, 1e30), axis=1) >= 0).all()

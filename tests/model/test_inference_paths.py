@@ -1,0 +1,133 @@
+"""Inference-only fast paths (fused projections, grouped expert matmuls, the fp32 LM head) equal the
+training path, and their cached derived weights never go stale."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
+from openglm.model.moe import Experts
+from openglm.model.weights import derived_weight, fused_rows
+
+TOL = 1e-5
+
+
+def _model(seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    m = GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny", **{"index_topk": 6, **overrides})).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.15)
+    return m
+
+
+def _fast_and_reference(m, ids):
+    """Logits with the inference paths (no autograd) and with the training path (autograd on)."""
+    with torch.no_grad():
+        fast = m(ids).logits
+    with torch.enable_grad():
+        ref = m(ids).logits.detach()
+    return fast, ref
+
+
+def test_fused_paths_match_the_training_path():
+    m = _model()
+    ids = torch.randint(3, m.config.vocab_size, (2, 20))
+    fast, ref = _fast_and_reference(m, ids)
+    assert (fast - ref).abs().max() <= TOL
+    attn = m.model.layers[0].self_attn
+    assert "input" in attn._derived_weights and "query" in attn._derived_weights  # the fused path ran
+
+
+def test_fused_weights_follow_in_place_updates_and_reloads():
+    m = _model()
+    ids = torch.randint(3, m.config.vocab_size, (2, 20))
+    with torch.no_grad():
+        before = m(ids).logits
+        for layer in m.model.layers:  # an optimizer-like in-place step on every fused source
+            layer.self_attn.q_a_proj.weight.mul_(1.5)
+            layer.self_attn.indexer.wq_b.weight.add_(0.1) if layer.self_attn.indexer is not None else None
+            mlp = layer.mlp.shared_experts if hasattr(layer.mlp, "shared_experts") else layer.mlp
+            mlp.up_proj.weight.mul_(-1)
+    fast, ref = _fast_and_reference(m, ids)
+    assert (fast - before).abs().max() > 1e-2  # the update changed the output ...
+    assert (fast - ref).abs().max() <= TOL  # ... and the cached fused weights followed it
+    other = _model(seed=1)
+    m.load_state_dict(other.state_dict())
+    fast, ref = _fast_and_reference(m, ids)
+    assert (fast - ref).abs().max() <= TOL
+    with torch.no_grad():
+        assert (fast - other(ids).logits).abs().max() <= TOL
+
+
+def test_derived_weights_stay_out_of_the_state_dict_and_skip_plain_tensors():
+    m = _model()
+    with torch.no_grad():
+        m(torch.randint(3, m.config.vocab_size, (1, 8)))
+    assert not any("derived" in k for k in m.state_dict())
+    assert set(m.state_dict()) == set(_model().state_dict())
+    lin = torch.nn.Linear(4, 3, bias=False)
+    assert fused_rows(lin, "x", [lin, lin]).shape == (6, 4)
+    # a weight that is not a Parameter (the engine's quantisation dequantises per call): no caching
+    assert derived_weight(lin, "y", [lin.weight.detach().clone()], lambda w: w) is None
+    calls = []
+    build = lambda w: calls.append(1) or w * 2  # noqa: E731
+    derived_weight(lin, "z", [lin.weight], build)
+    derived_weight(lin, "z", [lin.weight], build)
+    assert len(calls) == 1  # cached while unchanged
+    with torch.no_grad():
+        lin.weight.zero_()
+    assert derived_weight(lin, "z", [lin.weight], build).abs().max() == 0 and len(calls) == 2
+    lin.weight.data = torch.ones(3, 4)  # new storage, same Parameter
+    assert torch.equal(derived_weight(lin, "z", [lin.weight], build), torch.full((3, 4), 2.0))
+
+
+def test_grouped_expert_matmuls_equal_the_per_expert_loop():
+    cfg = ModelConfig.from_preset("tiny", hidden_size=64, moe_intermediate_size=32, n_routed_experts=8)
+    torch.manual_seed(0)
+    experts = Experts(cfg)
+    with torch.no_grad():
+        experts.gate_up_proj.normal_(0, 0.2)
+        experts.down_proj.normal_(0, 0.2)
+        counts = [2, 0, 1, 3, 0, 0, 1, 1]
+        xs = torch.randn(sum(counts), 64)
+        assert experts._grouped_mm_ok()
+        grouped = experts._grouped_mm(xs, counts)
+        loop = torch.empty_like(xs)
+        groups = [(e, x, y) for e, (x, y) in enumerate(zip(xs.split(counts), loop.split(counts))) if len(x)]
+        experts._swiglu_rows(groups)
+    assert (grouped - loop).abs().max() <= 1e-6
+
+
+def test_lm_head_few_rows_path_equals_linear():
+    m = _model()
+    x = torch.randn(3, 1, m.config.hidden_size)
+    with torch.no_grad():
+        out = m.lm_head(x)
+    assert out.is_contiguous() and out.shape == (3, 1, m.config.vocab_size)
+    assert (out - F.linear(x, m.lm_head.weight)).abs().max() <= 1e-5
+
+
+def test_router_without_probs_routes_the_same():
+    m = _model()
+    gate = m.model.layers[1].mlp.gate
+    x = torch.randn(5, m.config.hidden_size)
+    full, lean = gate(x), gate(x, with_probs=False)
+    assert lean.probs is None and full.probs is not None
+    assert torch.equal(full.indices, lean.indices) and torch.equal(full.weights, lean.weights)
+
+
+def test_bf16_absorbed_products_use_an_fp32_copy_that_follows_updates():
+    m = _model(index_topk=1024).to(torch.bfloat16)  # dense attention: no top-k flips between the paths
+    ids = torch.randint(3, m.config.vocab_size, (2, 12))
+    fast, ref = _fast_and_reference(m, ids)
+    assert m.model.layers[0].self_attn._derived_weights["kv_b_fp32"][2].dtype == torch.float32
+    scale = ref.float().abs().max()
+    assert (fast.float() - ref.float()).abs().max() <= 0.03 * scale
+    with torch.no_grad():
+        for layer in m.model.layers:
+            layer.self_attn.kv_b_proj.weight.mul_(-2)
+    fast, ref = _fast_and_reference(m, ids)
+    assert (fast.float() - ref.float()).abs().max() <= 0.03 * ref.float().abs().max()
