@@ -92,11 +92,6 @@ class Scratch:
         return buf[:n].view(shape)
 
 
-def _causal_ok(kpos, valid, qs: int, qe: int):
-    """bool [B, qe - qs, qe]: which of the first qe slots each query slot in [qs, qe) may see."""
-    return allowed(_CAUSAL, kpos[:, qs:qe], valid[:, qs:qe], kpos[:, :qe], valid[:, :qe])
-
-
 KEY_TILE = 2048  # bf16 indexer blocks score a multiple of this many keys (see _Selector)
 PREFILTER_STRIDE = 16  # the threshold sample reads every 16th score of a row
 PREFILTER_SLACK = 1.25  # ... and keeps 1.25x its share of the top-k (~3 sigma: the threshold rarely overshoots)
@@ -216,7 +211,9 @@ class _Selector:
         return _top_slots(sc, self.n_top)
 
     def _visible(self, qs: int, qe: int) -> torch.Tensor:
-        return _causal_ok(self.kpos, self.valid, qs, qe)
+        """bool [B, qe - qs, qe]: which of the first qe slots each query slot in [qs, qe) may see."""
+        kpos, valid = self.kpos, self.valid
+        return allowed(_CAUSAL, kpos[:, qs:qe], valid[:, qs:qe], kpos[:, :qe], valid[:, :qe])
 
 
 def gather_attention(q, k, v, topk_idx, *, scale: float | None = None,
