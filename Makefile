@@ -23,6 +23,12 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null); \
 	  else echo "redis-server is missing: install it (e.g. apt-get install redis-server)"; exit 1; fi; }
+	@# A C compiler builds the DSA kernels on first use (openglm/model/native.py); without one the torch-op path runs.
+	@command -v cc >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc >/dev/null) \
+	      || echo "note: could not install gcc: DSA will run its slower torch-op path"; \
+	  else echo "note: no C compiler (cc): DSA runs its slower torch-op path, and its native-kernel tests skip"; fi; }
 
 demo: $(STAMP)
 	$(BIN)/openglm demo

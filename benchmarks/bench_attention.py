@@ -5,7 +5,8 @@ DSA-gather (top-2048; lightning indexer 4 heads x 32 dims, GLM-5's ratio to the 
 128 dims for 64 heads of qk_head_dim 256; the opt-in bf16 fast path: indexer matmul in bf16 as a stand-in
 for the real indexer's FP8, and the weighted sum of the selected values in bf16; the q.k scores and the
 softmax stay fp32), local+global+random (512 / every 64th / 64 random),
-sliding window 4096. Each case runs in its own subprocess and reports its wall time and the process's peak RSS
+sliding window 4096. DSA-gather uses its native (C) kernels where a C compiler is available; its note says
+which path ran (`OPENGLM_DSA_NATIVE=0` forces the torch-op path). Each case runs in its own subprocess and reports its wall time and the process's peak RSS
 (ru_maxrss); "attn MiB" is that peak minus the RSS after the inputs were built. Materialised attention is only
 run where its score matrix is small; elsewhere its analytic size (H x N x N x 4 bytes) is reported instead.
 
@@ -72,8 +73,12 @@ def run_case(kind: str, n: int, threads: int) -> dict:
         raise ValueError(f"unknown kind {kind!r}; expected one of {KINDS}")
     ms = (time.perf_counter() - t0) * 1e3
     assert torch.isfinite(out).all(), f"{kind} at {n}: non-finite output"
-    return dict(kind=kind, n=n, ms=round(ms, 1), peak_mib=round(peak_mib(), 1),
-                attn_mib=round(peak_mib() - base, 1), measured=True)
+    row = dict(kind=kind, n=n, ms=round(ms, 1), peak_mib=round(peak_mib(), 1),
+               attn_mib=round(peak_mib() - base, 1), measured=True)
+    if kind == "dsa_gather":  # which implementation ran (OPENGLM_DSA_NATIVE=0 or no C compiler: torch ops)
+        from openglm.model.native import dsa_kernels
+        row["note"] = "native kernels" if dsa_kernels() is not None else "torch ops"
+    return row
 
 
 def measure(kind: str, n: int, threads: int, timeout: float) -> dict:

@@ -43,32 +43,32 @@ class MLAttention(nn.Module):
         self.indexer = Indexer(cfg) if own_indexer else None
         self.pattern = pattern_from_config(cfg, self.kind) if self.kind in SPARSE_PATTERN_KINDS else None
 
-    def forward(self, x, cos, sin, key_valid, past: int, cache=None, prev_selection=None):
-        """x [B,T,hidden] (normed). Returns (output [B,T,hidden], DSA selection for a following
-        'shared' layer: (indices, valid), or None meaning 'every visible key')."""
+    def forward(self, x, rot, key_valid, past: int, cache=None, prev_selection=None):
+        """x [B,T,hidden] (normed); rot: the forward's `rope.Rotation`. Returns (output [B,T,hidden], DSA
+        selection for a following 'shared' layer: (indices, valid), or None meaning 'every visible key')."""
         B, T, _ = x.shape
-        q_a, kv, k_pe, index_k = self._project_input(x)
+        q_a, kv, k_pe, index_k, index_w = self._project_input(x)
         q_resid = self.q_a_layernorm(q_a)
         q, index_q = self._project_query(q_resid)
-        q_nope, q_pe = q.view(B, T, self.n_heads, self.nope + self.rope).split([self.nope, self.rope], dim=-1)
-        entries = {"kv": self.kv_a_layernorm(kv), "k_pe": apply_rope(k_pe, cos, sin)}
+        q = q.view(B, T, self.n_heads, self.nope + self.rope)
+        entries = {"kv": self.kv_a_layernorm(kv), "k_pe": apply_rope(k_pe, rot.rope)}
         if self.indexer is not None:
             # Cached in fp32 (the values stay those of the model dtype): the indexer scores in fp32, and
             # converting the whole cached key every bf16 decode step cost more than the scoring itself.
-            entries["index_k"] = self.indexer.keys(x, cos, sin, projected=index_k).float()
+            entries["index_k"] = self.indexer.keys(x, rot.index, projected=index_k).float()
         if cache is not None:
             entries = cache.update(self.layer_idx, entries)
         w_kv = self._absorbed_weight(B * T).view(self.n_heads, self.nope + self.v_dim, self.rank)
         w_uk, w_uv = w_kv[:, : self.nope], w_kv[:, self.nope:]
         # Absorb W_uk into the query: q_nope . (W_uk c) = (W_uk^T q_nope) . c
-        q_lat = per_head_matmul(q_nope, w_uk)  # [B, T, H, rank]
-        q_full = torch.cat([q_lat, apply_rope(q_pe, cos, sin)], dim=-1)
+        q_lat = per_head_matmul(q[..., : self.nope], w_uk)  # [B, T, H, rank]
+        q_full = torch.cat([q_lat, apply_rope(q[..., self.nope:], rot.rope)], dim=-1)
         keys = latent_keys(entries["kv"], entries["k_pe"])  # [B, N, 1, rank+rope]
         selection = None
         if self.kind == "dsa":
             if self.indexer is not None:
-                selection = self.indexer.select(x, q_resid, cos, sin, entries["index_k"], key_valid, past,
-                                                projected=index_q)
+                selection = self.indexer.select(x, rot.index, entries["index_k"], key_valid, past,
+                                                projected=index_q, head_weights=index_w)
             else:
                 selection = prev_selection
         chunk = self.cfg.attn_query_chunk
@@ -94,18 +94,23 @@ class MLAttention(nn.Module):
         return w
 
     def _project_input(self, x):
-        """The projections of x: q_a [B,T,q_lora], kv latent [B,T,rank], k_pe [B,T,rope] and, with an
-        own indexer, its key projection [B,T,index_head_dim] (else None). Without autograd they are
-        one matmul over the stacked weights; training keeps the separate Linears."""
-        linears = [self.q_a_proj, self.kv_a_proj_with_mqa] + ([self.indexer.wk] if self.indexer is not None else [])
+        """The projections of x: q_a [B,T,q_lora], kv latent [B,T,rank], k_pe [B,T,rope], and with an own
+        indexer its key projection [B,T,index_head_dim] (else None) and, when the fused path computed them,
+        its raw per-head weights [B,T,index_n_heads] (else None: the indexer computes them). Without
+        autograd they are one matmul over the stacked weights; training keeps the separate Linears."""
+        linears = [self.q_a_proj, self.kv_a_proj_with_mqa]
+        if self.indexer is not None:
+            linears.append(self.indexer.wk)
+            if self.indexer.weights_proj.weight.dtype == torch.float32:  # kept fp32 in bf16 models: not fused
+                linears.append(self.indexer.weights_proj)
         w = None if torch.is_grad_enabled() else fused_rows(self, "input", linears)
         if w is None:
-            outs = [lin(x) for lin in linears]
-            q_a, (kv, k_pe) = outs[0], outs[1].split([self.rank, self.rope], dim=-1)
-            return q_a, kv, k_pe, outs[2] if len(outs) > 2 else None
-        parts = F.linear(x, w).split([lin.out_features for lin in linears], dim=-1)
-        kv, k_pe = parts[1].split([self.rank, self.rope], dim=-1)
-        return parts[0], kv, k_pe, parts[2] if len(parts) > 2 else None
+            q_a, kv_pe = self.q_a_proj(x), self.kv_a_proj_with_mqa(x)
+            index_k = self.indexer.wk(x) if self.indexer is not None else None
+            return q_a, *kv_pe.split([self.rank, self.rope], dim=-1), index_k, None
+        sizes = [self.q_a_proj.out_features, self.rank, self.rope] + [lin.out_features for lin in linears[2:]]
+        parts = F.linear(x, w).split(sizes, dim=-1)
+        return (*parts[:3], parts[3] if len(parts) > 3 else None, parts[4] if len(parts) > 4 else None)
 
     def _project_query(self, q_resid):
         """q [B,T,H*(nope+rope)] and, with an own indexer, its query projection (else None): one matmul

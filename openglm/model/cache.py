@@ -113,9 +113,14 @@ class DynamicCache:
                 buf.reorder(index)
 
 
+OWN_BUFFER = {"index_k"}  # every decode step scans all of these rows, but gathers only some rows of the rest
+
+
 def _by_dtype(entries: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-    """Entries split into groups of one dtype and device (in order), one buffer each."""
+    """Entries split into groups of one dtype and device (in order), one buffer each; an entry in
+    OWN_BUFFER gets a buffer to itself, so neither the DSA indexer's scan of every `index_k` row nor
+    attention's gather of selected `kv | k_pe` rows reads bytes it does not use."""
     groups: dict[tuple, dict[str, torch.Tensor]] = {}
     for name, t in entries.items():
-        groups.setdefault((t.dtype, t.device), {})[name] = t
+        groups.setdefault((t.dtype, t.device, name if name in OWN_BUFFER else None), {})[name] = t
     return list(groups.values())

@@ -129,6 +129,9 @@ class ModelConfig:
             raise ConfigError(f"index_head_dim={self.index_head_dim} < qk_rope_head_dim={self.qk_rope_head_dim}")
         if self.qk_rope_head_dim % 2:
             raise ConfigError(f"qk_rope_head_dim={self.qk_rope_head_dim} must be even (RoPE rotates pairs)")
+        if self.index_head_dim % 2:
+            raise ConfigError(f"index_head_dim={self.index_head_dim} must be even (the indexer head is rotated "
+                              "as pairs: its rope slice by RoPE, the rest by 1)")
         if self.capacity_factor is not None and self.capacity_factor <= 0:
             raise ConfigError(f"capacity_factor={self.capacity_factor} must be > 0 (or None for dropless)")
         rope_type = self.rope_parameters.get("rope_type", "default")

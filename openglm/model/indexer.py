@@ -32,35 +32,37 @@ class Indexer(nn.Module):
         self.weights_proj = nn.Linear(cfg.hidden_size, self.n_heads, bias=False)
         self.softmax_scale = self.head_dim ** -0.5
 
-    def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, projected=None) -> torch.Tensor:
-        """The indexer key of each new token, [B, T, index_head_dim] (what the cache stores as `index_k`).
-        `projected`: wk(x) when the caller already computed it (fused with its own projections)."""
-        k = self.k_norm(self.wk(x) if projected is None else projected)
-        return torch.cat([apply_rope(k[..., : self.rope_dim], cos, sin), k[..., self.rope_dim:]], dim=-1)
+    def keys(self, x: torch.Tensor, rot: torch.Tensor, projected=None) -> torch.Tensor:
+        """The indexer key of each new token, [B, T, index_head_dim] (what the cache stores as `index_k`);
+        rot: `Rotation.index`. `projected`: wk(x) when the caller already computed it (fused with its own
+        projections)."""
+        return apply_rope(self.k_norm(self.wk(x) if projected is None else projected), rot)
 
     @torch.no_grad()
-    def select(self, x, q_resid, cos, sin, index_k, key_valid, past: int, projected=None):
+    def select(self, x, rot, index_k, key_valid, past: int, projected, head_weights=None):
         """Top-k key positions per query: (indices [B,T,k] long, valid [B,T,k] bool or None = all), or None when
         every visible key fits in the budget (then DSA is exactly dense causal attention).
-        `projected`: wq_b(q_resid) when the caller already computed it."""
+        rot: `Rotation.index`; `projected`: wq_b(q_resid) [B, T, n_heads * head_dim]; `head_weights`:
+        weights_proj(x) when the caller already computed it (in fp32)."""
         B, T, _ = x.shape
         N = index_k.shape[1]
         if N <= self.topk:
             return None
-        q = (self.wq_b(q_resid) if projected is None else projected).view(B, T, self.n_heads, self.head_dim)
-        q = torch.cat([apply_rope(q[..., : self.rope_dim], cos, sin), q[..., self.rope_dim:]], dim=-1)
-        # weights_proj runs in fp32 (transformers keeps it fp32 too): it scales every score.
-        w = F.linear(x.float(), self.weights_proj.weight.float()) * self.n_heads ** -0.5
+        q = apply_rope(projected.view(B, T, self.n_heads, self.head_dim), rot).float()
+        # weights_proj runs in fp32 (transformers keeps it fp32 too): it scales every score. The positive
+        # softmax scale is applied here too: relu(s * q.k) = s * relu(q.k) for s > 0.
+        if head_weights is None:
+            head_weights = F.linear(x.float(), self.weights_proj.weight.float())
+        w = head_weights.float() * (self.n_heads ** -0.5 * self.softmax_scale)
         kt = index_k.float().transpose(-1, -2)  # [B, D, N]
         block = self.query_chunk or max(1, SCORE_BLOCK_BYTES // (4 * B * self.n_heads * N))
         indices, valid = [], []
         for t0 in range(0, T, block):
             t1 = min(T, t0 + block)
             # One [s*H, D] x [D, N] product per sequence (a broadcast matmul would copy the keys per query).
-            qs = q[:, t0:t1].float().reshape(B, (t1 - t0) * self.n_heads, self.head_dim)
-            scores = torch.bmm(qs, kt).view(B, t1 - t0, self.n_heads, N)
-            scores = scores.mul_(self.softmax_scale).relu_()  # [B, s, H, N]
-            scores = torch.matmul(w[:, t0:t1].unsqueeze(-2), scores).squeeze(-2)  # [B, s, N]
+            qs = q[:, t0:t1].reshape(B, (t1 - t0) * self.n_heads, self.head_dim)
+            scores = torch.bmm(qs, kt).relu_().view(B * (t1 - t0), self.n_heads, N)
+            scores = torch.bmm(w[:, t0:t1].reshape(B * (t1 - t0), 1, self.n_heads), scores).view(B, t1 - t0, N)
             if T == 1 and key_valid is None:  # a decode step without padding sees every key
                 return scores.topk(self.topk, dim=-1)[1], None
             scores = scores.masked_fill(~visible_mask(key_valid, past + t0, t1 - t0, N, B), float("-inf"))

@@ -57,8 +57,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h, cos, sin, key_valid, past, cache, prev_selection, token_mask, with_stats):
-        a, selection = self.self_attn(self.input_layernorm(h), cos, sin, key_valid, past, cache, prev_selection)
+    def forward(self, h, rot, key_valid, past, cache, prev_selection, token_mask, with_stats):
+        a, selection = self.self_attn(self.input_layernorm(h), rot, key_valid, past, cache, prev_selection)
         h = h + a
         x = self.post_attention_layernorm(h)
         stats = None
@@ -127,11 +127,11 @@ class GlmMoeDsaForCausalLM(nn.Module):
             position_ids = default_position_ids(attention_mask, B, past, T, input_ids.device)
         key_valid = key_validity(attention_mask)
         h = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary_emb(position_ids, h.dtype)
+        rot = self.model.rotary_emb(position_ids)
         token_mask = attention_mask[:, past:].reshape(-1).bool() if attention_mask is not None else None
         selection, layer_stats = None, []
         for layer in self.model.layers:
-            h, sel, stats = layer(h, cos, sin, key_valid, past, cache, selection, token_mask, return_aux)
+            h, sel, stats = layer(h, rot, key_valid, past, cache, selection, token_mask, return_aux)
             if layer.self_attn.kind == "dsa":
                 selection = sel
             if stats is not None:

@@ -1,13 +1,15 @@
 """Rotary position embedding on the rope slice (default or YaRN), applied in interleaved layout.
 
-GLM-5 (like DeepSeek) rotates interleaved pairs (x0,x1),(x2,x3),...; the result is written
-de-interleaved ([rotated evens | rotated odds]). Queries and keys get the same permutation, so
-their dot products are unchanged; cached rope keys are stored in this rotated layout.
+GLM-5 (like DeepSeek) rotates interleaved pairs (x0,x1),(x2,x3),...: each pair is one complex
+number multiplied by a unit rotation (times the YaRN attention scale), in place in the layout. The
+reference writes the rotated pairs de-interleaved ([evens | odds]); that is a permutation applied to
+queries and keys alike, so their dot products (all attention reads) are the same either way.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -64,24 +66,49 @@ def softmax_scale(cfg: ModelConfig) -> float:
     return scale
 
 
+class Rotation(NamedTuple):
+    """One forward's rotations, unit complex numbers times the attention scale: `rope` [B, T, rope_dim/2]
+    for the MLA rope slice; `index` [B, T, index_head_dim/2] for the indexer's whole head (its pairs past
+    the rope slice get 1 + 0i, so one multiply rotates the slice and leaves the rest as it is)."""
+    rope: torch.Tensor
+    index: torch.Tensor
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         inv_freq, self.attention_scaling = rope_inv_freq(cfg)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.index_pairs = cfg.index_head_dim // 2
+
+    def _apply(self, fn, recurse=True):
+        # The frequencies stay fp32 whatever dtype the model is cast to: rounded to bf16 they would turn
+        # the angles of far positions noticeably (and differ from a checkpoint loaded straight to bf16).
+        exact = self.inv_freq
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float32:
+            self.inv_freq = exact.to(self.inv_freq.device, torch.float32)
+        return self
 
     @torch.no_grad()
-    def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin of shape [B, T, rope_dim/2] (one angle per rotated pair)."""
+    def forward(self, position_ids: torch.Tensor) -> Rotation:
         freqs = position_ids[..., None].float() * self.inv_freq.float()
-        cos, sin = freqs.cos() * self.attention_scaling, freqs.sin() * self.attention_scaling
-        return cos.to(dtype), sin.to(dtype)
+        rope = torch.polar(torch.full_like(freqs, self.attention_scaling), freqs)  # scale * e^(i freqs)
+        pad = self.index_pairs - rope.shape[-1]
+        index = torch.cat([rope, rope.new_ones(*rope.shape[:-1], pad)], -1) if pad > 0 else rope
+        return Rotation(rope, index)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs of x [B, T, ..., d] by cos/sin [B, T, d/2] (broadcast over middle dims)."""
-    extra = x.dim() - cos.dim()
-    shape = cos.shape[:2] + (1,) * extra + cos.shape[2:]
-    cos, sin = cos.view(shape), sin.view(shape)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """x [B, T, ..., 2P] with each interleaved pair (x[2i], x[2i+1]) rotated by rot [B, T, P] (complex,
+    broadcast over the middle dims); computed in fp32, returned in x's dtype. (Runs ~10 times per layer in
+    a decode step, so it avoids every call that is not needed.)"""
+    extra = x.dim() - rot.dim()
+    r = rot if extra == 0 else rot.unsqueeze(2) if extra == 1 else rot.view(rot.shape[:2] + (1,) * extra + rot.shape[2:])
+    xf = x if x.dtype == torch.float32 else x.float()
+    try:  # the pairs as complex numbers: a view when the layout allows (a slice of a projection usually does)
+        xc = torch.view_as_complex(xf.unflatten(-1, (-1, 2)))
+    except RuntimeError:  # odd storage offset or stride
+        xc = torch.view_as_complex(xf.contiguous().unflatten(-1, (-1, 2)))
+    out = torch.view_as_real(xc * r).flatten(-2)
+    return out if x.dtype == torch.float32 else out.to(x.dtype)

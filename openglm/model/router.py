@@ -66,7 +66,7 @@ class Router(nn.Module):
             probs = scores / (scores.sum(-1, keepdim=True) + 1e-20) if with_probs else None
         if self.norm_topk_prob:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        return Routing(logits, probs, indices, weights * self.scaling)
+        return Routing(logits, probs, indices, weights * self.scaling if self.scaling != 1.0 else weights)
 
     def _choose(self, s: torch.Tensor) -> torch.Tensor:
         """Group-limited top-k on the bias-corrected scores s [N, E]."""

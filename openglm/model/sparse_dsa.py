@@ -5,10 +5,12 @@ one query block at a time so its memory is O(block x N); attention then reads on
 entries per query, so attention memory and FLOPs are O(N x k) instead of the dense-mask formulation's O(N^2).
 For MLA, pass the absorbed form (`sparse.mla_absorbed`): the gathered entries are the small latents.
 
-Inference reads the selected rows in place instead of copying them: the scores q . k_j of the selected
-(query, key) pairs are one sampled matrix product (`torch.sparse.sampled_addmm` over a CSR pattern), and the
-weighted sum of the selected values is `F.embedding_bag` with per-sample weights. Both stay fp32, so the
-result equals the dense-mask formulation. `score_dtype=torch.bfloat16` runs the indexer's matmul in bf16
+Inference reads the selected rows in place instead of copying them. Where a C compiler is available, two
+small native kernels (`dsa_kernels.c`, compiled on first use by `native.py`) do the work torch ops do badly: the indexer's head sum and
+per-row top-k, and the scores and weighted value sums of the selected (query, key) pairs, key-major. Without
+one the same steps run as torch ops: a sampled matrix product (`torch.sparse.sampled_addmm` over a CSR
+pattern) for the scores and `F.embedding_bag` for the value sums. Either way the attention stays fp32, so
+the result equals the dense-mask formulation. `score_dtype=torch.bfloat16` runs the indexer's matmul in bf16
 (the real DSA indexer runs in FP8); that may change which keys win near-ties, so it is an opt-in.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from openglm.model.native import dsa_kernels, ptr
 from openglm.model.sparse import DEFAULT_BUDGET, check_qkv, needs_grad
 from openglm.model.sparse_patterns import SparsePattern, allowed, key_positions
 
@@ -27,7 +30,18 @@ _CAUSAL = SparsePattern("dense")
 # the CSR pattern and the copies sampled_addmm makes of it, one head's scores and weights, embedding_bag's
 # bookkeeping (~128 bytes in all).
 PAIR_BYTES = 128
+# The native kernels need 16 bytes per pair (the slot, its query, its score). Their chunks hold up to a quarter
+# of the budget: more queries per chunk amortise streaming each head's keys and values once per chunk (1,024
+# queries cost ~20% less per pair than 256), but every query costs k x 16 bytes (512 queries at k = 2,048).
+NATIVE_PAIR_BYTES = 16
 SCORE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _pair_block(n_top: int, n_queries: int, budget_bytes: int, native: bool) -> int:
+    """Queries per attention chunk of selected pairs."""
+    if native:
+        return _block(NATIVE_PAIR_BYTES * n_top, n_queries, budget_bytes // 4)
+    return _block(PAIR_BYTES * n_top, n_queries, budget_bytes)
 
 
 def _block(bytes_per_query: int, n_queries: int, budget_bytes: int) -> int:
@@ -95,7 +109,8 @@ class Scratch:
 KEY_TILE = 2048  # bf16 indexer blocks score a multiple of this many keys (see _Selector)
 PREFILTER_STRIDE = 16  # the threshold sample reads every 16th score of a row
 PREFILTER_SLACK = 1.25  # ... and keeps 1.25x its share of the top-k (~3 sigma: the threshold rarely overshoots)
-PREFILTER_MIN_ROW = 3  # rows shorter than 3x the sample's reach are cheaper to top-k whole
+PREFILTER_MIN_ROW = 3  # rows shorter than 3x the sample's reach are cheaper to top-k whole (the C has it too)
+NATIVE_KEY_TILE = 2 * KEY_TILE  # keys per indexer matmul on the native path: its bf16 output stays in L2
 
 
 def _top_slots(sc, n_top: int):
@@ -192,8 +207,19 @@ class _Selector:
         self.plain = key_mask is None and key_pos is None
         self.kpos, self.valid = key_positions(key_mask, key_pos, b, tk, device=index_k.device)
         self.scratch = Scratch()
-        for name, per_query in (("heads", heads), ("summed", 1)):
-            self.scratch.reserve(name, b * block * per_query * self.kt.shape[-1])
+        width = self.kt.shape[-1]
+        if dsa_kernels() is not None:  # fp32 score rows, and per-head scores of one key tile
+            sizes = {"rows": b * block * width, "work": 4 * width, "heads": b * block * heads * NATIVE_KEY_TILE}
+            # The keys cut into [B, tiles, Di, NATIVE_KEY_TILE] (zero keys pad the last): each tile's matmul reads
+            # a contiguous matrix (~25% faster than a strided slice) of one shape (one oneDNN kernel).
+            t = NATIVE_KEY_TILE
+            kt = F.pad(kt, (0, -tk % t))
+            self.kt_tiles = kt.view(b, kt.shape[1], -1, t).transpose(1, 2).contiguous()
+            self.kt = None
+        else:
+            sizes = {"heads": b * block * heads * width, "summed": b * block * width}
+        for name, numel in sizes.items():
+            self.scratch.reserve(name, numel)
 
     def __call__(self, index_q, weights, qs: int, qe: int) -> torch.Tensor:
         """Key slots [B, qe - qs, <= n_top] of the query slots [qs, qe), ascending per row, -1 = none."""
@@ -201,6 +227,9 @@ class _Selector:
             ok = self._visible(qs, qe)
             return torch.arange(qe, device=ok.device).expand(ok.shape).masked_fill(~ok, -1)
         scored = -(-qe // self.tile) * self.tile
+        lib = dsa_kernels()
+        if lib is not None:
+            return self._native_top(lib, index_q, weights, qs, qe, scored)
         sc = index_scores(index_q, self.kt[:, :, :scored], weights, self.scale, self.score_dtype, self.scratch)
         sc[:, :, qe:] = float("-inf")  # padding keys and keys after the block's last query
         if self.plain:
@@ -209,6 +238,34 @@ class _Selector:
         else:
             sc[:, :, :qe].masked_fill_(~self._visible(qs, qe), float("-inf"))
         return _top_slots(sc, self.n_top)
+
+    def _native_top(self, lib, index_q, weights, qs: int, qe: int, scored: int) -> torch.Tensor:
+        """The same selection in C. The matmul stays oneDNN's, but one key tile at a time: a tile's per-head
+        scores ([Q*Hi, NATIVE_KEY_TILE]) stay in cache while the C sums them into each row's scores (fp32);
+        then each row is masked and top-k'd in C (one pass for the threshold sample, one to keep candidates)."""
+        b, nq, hi, di = index_q.shape
+        q = index_q.reshape(b, nq * hi, di).to(self.score_dtype)
+        w = (weights.float() * self.scale).contiguous()  # relu(scale * x) = scale * relu(x): scale > 0
+        rows = self.scratch.take("rows", (b, nq, scored), torch.float32)
+        if self.plain:  # query slot t sees the slots up to t
+            n_keys, visible = torch.arange(qs + 1, qe + 1).expand(b, nq).contiguous(), None
+        else:
+            n_keys, visible = torch.full((b, nq), qe), self._visible(qs, qe).to(torch.uint8).contiguous()
+        is_bf16 = int(self.score_dtype == torch.bfloat16)
+        t = NATIVE_KEY_TILE
+        heads = self.scratch.take("heads", (b, nq * hi, t), self.score_dtype)
+        for c0 in range(0, scored, t):
+            torch.bmm(q, self.kt_tiles[:, c0 // t], out=heads)
+            for i in range(b):  # keys past n_keys (the tile's padding among them) are not read
+                lib.dsa_head_sum(ptr(heads[i]), is_bf16, nq, hi, t, ptr(w[i]), ptr(n_keys[i]), c0,
+                                 ptr(rows[i]), scored)
+        out = torch.empty(b, nq, self.n_top, dtype=torch.long, device=index_q.device)
+        work = self.scratch.take("work", (4 * scored,), torch.float32)
+        n_sample = int(PREFILTER_SLACK * self.n_top / PREFILTER_STRIDE)
+        for i in range(b):
+            lib.dsa_rows_topk(ptr(rows[i]), scored, nq, ptr(n_keys[i]), None if visible is None else ptr(visible[i]),
+                              qe, self.n_top, PREFILTER_STRIDE, n_sample, ptr(out[i]), self.n_top, ptr(work))
+        return out
 
     def _visible(self, qs: int, qe: int) -> torch.Tensor:
         """bool [B, qe - qs, qe]: which of the first qe slots each query slot in [qs, qe) may see."""
@@ -231,19 +288,25 @@ def gather_attention(q, k, v, topk_idx, *, scale: float | None = None,
     if topk_idx.shape[:2] != (b, tq):
         raise ValueError(f"topk_idx has shape {tuple(topk_idx.shape)}, expected ({b}, {tq}, K)")
     scale = dk ** -0.5 if scale is None else scale
+    if topk_idx.numel() and int(topk_idx.max()) >= tk:  # the native kernels would read past the cache
+        raise IndexError(f"topk_idx holds slot {int(topk_idx.max())}, but there are only {tk} keys")
     # A CSR row cannot hold more entries than the matrix has columns (padding entries repeat slot 0).
     if needs_grad(q, k, v) or q.dtype != torch.float32 or k.dtype != torch.float32 or topk_idx.shape[-1] > tk:
         out = _gathered_attend(q, k, v.to(q.dtype), topk_idx, scale, budget_bytes)
     else:
         out = q.new_empty(b, h, tq, v.shape[-1])
         n_top = max(1, topk_idx.shape[-1])
-        block = _block(PAIR_BYTES * n_top, tq, budget_bytes)
+        lib = dsa_kernels() if v.dtype == torch.float32 else None
+        block = _pair_block(n_top, tq, budget_bytes, lib is not None)
         for s in range(0, tq, block):
             e = min(tq, s + block)
             idx = topk_idx[:, s:e].long()
             ok = idx >= 0
             for i in range(b):
-                out[i, :, s:e] = _sparse_attend(q[i, :, s:e], k[i], v[i], idx[i], ok[i], scale, sorted_slots)
+                if lib is not None:  # key-major in C (no sort needed: the pairs are ordered by key there)
+                    _native_attend(lib, q[i, :, s:e], k[i], v[i], idx[i], scale, out[i, :, s:e])
+                else:
+                    out[i, :, s:e] = _sparse_attend(q[i, :, s:e], k[i], v[i], idx[i], ok[i], scale, sorted_slots)
     return out.masked_fill_(~(topk_idx >= 0).any(-1)[:, None, :, None], 0.0)
 
 
@@ -285,6 +348,34 @@ def _sparse_attend(q, k, v, idx, ok, scale: float, sorted_slots: bool = False):
         p = torch.softmax(sc, -1)
         out[j] = F.embedding_bag(cols, vh, offsets, mode="sum", per_sample_weights=p.view(-1).to(vh.dtype))
     return out
+
+
+def _native_attend(lib, q, k, v, idx, scale: float, out) -> None:
+    """One sequence in C: q [H, Q, Dk], k [Hkv, Tk, Dk], v [Hkv, Tk, Dv], idx [Q, K] (-1 = unused) -> out
+    [H, Q, Dv] (a view; rows with no selected key come out NaN, the caller zeroes them).
+
+    The selected pairs are ordered by key once; then per head each key row is read once, in order, and scored
+    against the queries that selected it (their rows stay in cache), and the weighted value rows are added
+    to those queries' outputs the same way. The softmax runs between the two, as torch ops over the pairs."""
+    q, k, v, idx = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, idx.contiguous()))
+    h, nq, dk = q.shape
+    hkv, tk = k.shape[:2]
+    key_start = torch.empty(tk + 1, dtype=torch.long)
+    pair_q = torch.empty(idx.numel(), dtype=torch.int32)
+    n = lib.dsa_pairs_by_key(ptr(idx), nq, idx.shape[1], tk, ptr(key_start), ptr(pair_q))
+    pair_q = pair_q[:n]
+    sc, rowmax, rowsum = q.new_empty(n), q.new_empty(nq), q.new_empty(nq)
+    o = out if out.stride(-1) == 1 else q.new_empty(out.shape)
+    g = h // hkv
+    for j in range(h):
+        kh, vh = k[j // g], v[j // g]
+        lib.dsa_pair_scores(ptr(q[j]), q.stride(1), ptr(kh), kh.stride(0), tk, dk, scale, ptr(key_start),
+                            ptr(pair_q), ptr(sc), ptr(rowmax), nq)
+        lib.dsa_pair_exp(ptr(sc), ptr(pair_q), ptr(rowmax), n)  # softmax numerators; divided by their sum below
+        lib.dsa_pair_values(ptr(vh), vh.stride(0), tk, v.shape[-1], ptr(key_start), ptr(pair_q), ptr(sc),
+                            ptr(o[j]), o.stride(1), ptr(rowsum), nq)
+    if o is not out:
+        out.copy_(o)
 
 
 def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int):
@@ -336,8 +427,9 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
                        _block(4 * (hi + 2) * tk, tq, budget_bytes), hi)
     block, n_top = select.block, select.n_top
     # Attention runs on chunks of several indexer blocks: each head's keys are then reused by the whole chunk
-    # while they are in cache; the chunk's selected pairs cost chunk x k x PAIR_BYTES.
-    chunk = max(block, _block(PAIR_BYTES * n_top, tq, budget_bytes) // block * block)
+    # while they are in cache; the chunk's selected pairs cost chunk x k x (NATIVE_)PAIR_BYTES.
+    native = dsa_kernels() is not None and value_dtype == torch.float32 and not needs_grad(q, k, v)
+    chunk = max(block, _pair_block(n_top, tq, budget_bytes, native) // block * block)
     out = q.new_empty(b, h, tq, v.shape[-1])
     v = v if needs_grad(q, k, v) else v.to(value_dtype)  # one O(N) cast, not one per block
     for c in range(0, tq, chunk):

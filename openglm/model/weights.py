@@ -104,14 +104,17 @@ def derived_weight(module: torch.nn.Module, name: str, sources: list[torch.Tenso
     are not seen. Returns None, meaning "use the unfused path", when a source is not a Parameter (e.g.
     the engine's quantisation dequantises weights per call) or is an inference tensor (no version
     counter). Never part of state_dict: the cache is a plain attribute, not a parameter or buffer."""
-    if not all(isinstance(t, torch.nn.Parameter) and not t.is_inference() for t in sources):
-        return None
-    key = [(t.data_ptr(), t._version, t.dtype, t.device) for t in sources]
     cache = module.__dict__.setdefault("_derived_weights", {})
     hit = cache.get(name)
-    # Holding the sources keeps their storage alive, so a data_ptr in `key` cannot be reused meanwhile.
-    if hit is not None and hit[1] == key and all(a is b for a, b in zip(hit[0], sources)):
+    # A cast or a move to another device gives new storage, hence a new data_ptr. (Checked on every decode
+    # step, so the key holds only attributes that are cheap to read.)
+    if hit is not None and len(hit[0]) == len(sources) and all(
+            a is b and b._version == v and b.data_ptr() == p and b.dtype == d
+            for a, b, (p, v, d) in zip(hit[0], sources, hit[1])):
         return hit[2]
+    if not all(isinstance(t, torch.nn.Parameter) and not t.is_inference() for t in sources):
+        return None
+    key = [(t.data_ptr(), t._version, t.dtype) for t in sources]
     with torch.no_grad():
         value = build(*sources)
     cache[name] = (list(sources), key, value)

@@ -3,6 +3,7 @@ training path, and their cached derived weights never go stale."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -84,21 +85,28 @@ def test_derived_weights_stay_out_of_the_state_dict_and_skip_plain_tensors():
     assert torch.equal(derived_weight(lin, "z", [lin.weight], build), torch.full((3, 4), 2.0))
 
 
-def test_grouped_expert_matmuls_equal_the_per_expert_loop():
-    cfg = ModelConfig.from_preset("tiny", hidden_size=64, moe_intermediate_size=32, n_routed_experts=8)
-    torch.manual_seed(0)
-    experts = Experts(cfg)
+def _experts(seed: int) -> Experts:
+    """8 experts of hidden 64, with weights large enough that every expert's output matters."""
+    torch.manual_seed(seed)
+    experts = Experts(ModelConfig.from_preset("tiny", hidden_size=64, moe_intermediate_size=32, n_routed_experts=8))
     with torch.no_grad():
         experts.gate_up_proj.normal_(0, 0.2)
         experts.down_proj.normal_(0, 0.2)
+    return experts
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 0.0)])
+def test_grouped_expert_matmuls_equal_the_per_expert_loop(dtype, tol):
+    experts = _experts(0).to(dtype)
+    with torch.no_grad():
         counts = [2, 0, 1, 3, 0, 0, 1, 1]
-        xs = torch.randn(sum(counts), 64)
-        assert experts._grouped_mm_ok()
-        grouped = experts._grouped_mm(xs, counts)
+        xs = torch.randn(sum(counts), 64, dtype=dtype)
+        assert experts._grouped_mm_ok(dtype)
+        grouped = experts._grouped_inference(xs, counts, torch.empty_like(xs))  # takes the grouped path
         loop = torch.empty_like(xs)
         groups = [(e, x, y) for e, (x, y) in enumerate(zip(xs.split(counts), loop.split(counts))) if len(x)]
         experts._swiglu_rows(groups)
-    assert (grouped - loop).abs().max() <= 1e-6
+    assert grouped.dtype == dtype and (grouped.float() - loop.float()).abs().max() <= tol
 
 
 def test_lm_head_few_rows_path_equals_linear():
@@ -131,3 +139,15 @@ def test_bf16_absorbed_products_use_an_fp32_copy_that_follows_updates():
             layer.self_attn.kv_b_proj.weight.mul_(-2)
     fast, ref = _fast_and_reference(m, ids)
     assert (fast.float() - ref.float()).abs().max() <= 0.03 * ref.float().abs().max()
+
+
+def test_small_batch_expert_sort_equals_the_tensor_sort(monkeypatch):
+    experts = _experts(1)
+    with torch.no_grad():
+        x = torch.randn(6, 64)
+        indices = torch.tensor([[3, 1], [1, 3], [7, 0], [3, 5], [0, 7], [1, 2]])  # repeats, both orders
+        weights = torch.rand(6, 2)
+        small, dropped = experts(x, indices, weights)
+        monkeypatch.setattr("openglm.model.moe.SMALL_BATCH", 0)
+        general, _ = experts(x, indices, weights)
+    assert dropped == 0 and (small - general).abs().max() <= 1e-6
