@@ -9,12 +9,12 @@ This is what makes the DSA gather cheap: each selected key costs one latent row.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from openglm.model.attend import attend_dense, attend_gathered
 from openglm.model.config import ModelConfig
 from openglm.model.indexer import Indexer
+from openglm.model.native import linear
 from openglm.model.norm import RMSNorm
 from openglm.model.rope import apply_rope, softmax_scale
 from openglm.model.sparse import SPARSE_PATTERN_KINDS, mla_pattern_attention, pattern_from_config
@@ -80,7 +80,10 @@ class MLAttention(nn.Module):
             o_lat = attend_gathered(q_full, keys, None, *selection, self.scale, v_dim=self.rank, query_chunk=chunk)
         # Un-absorb W_uv: o_h = W_uv (sum_j p_j c_j)
         o = per_head_matmul(o_lat, w_uv.transpose(1, 2))  # [B, T, H, v]
-        return self.o_proj(o.reshape(B, T, self.n_heads * self.v_dim)), selection
+        o = o.reshape(B, T, self.n_heads * self.v_dim)
+        # Inference skips the module call (as the fused projections do) so a decode step can take `linear`'s rows path.
+        plain = self.o_proj.bias is None and not torch.is_grad_enabled()
+        return (linear(o, self.o_proj.weight) if plain else self.o_proj(o)), selection
 
     def _absorbed_weight(self, rows: int) -> torch.Tensor:
         """kv_b_proj's weight for the absorbed products; for a few rows (decode) without autograd in
@@ -109,7 +112,7 @@ class MLAttention(nn.Module):
             index_k = self.indexer.wk(x) if self.indexer is not None else None
             return q_a, *kv_pe.split([self.rank, self.rope], dim=-1), index_k, None
         sizes = [self.q_a_proj.out_features, self.rank, self.rope] + [lin.out_features for lin in linears[2:]]
-        parts = F.linear(x, w).split(sizes, dim=-1)
+        parts = linear(x, w).split(sizes, dim=-1)
         return (*parts[:3], parts[3] if len(parts) > 3 else None, parts[4] if len(parts) > 4 else None)
 
     def _project_query(self, q_resid):
@@ -121,7 +124,7 @@ class MLAttention(nn.Module):
         w = None if torch.is_grad_enabled() else fused_rows(self, "query", linears)
         if w is None:
             return self.q_b_proj(q_resid), self.indexer.wq_b(q_resid)
-        q, index_q = F.linear(q_resid, w).split([lin.out_features for lin in linears], dim=-1)
+        q, index_q = linear(q_resid, w).split([lin.out_features for lin in linears], dim=-1)
         return q, index_q
 
 

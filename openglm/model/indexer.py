@@ -59,6 +59,10 @@ class Indexer(nn.Module):
         indices, valid = [], []
         for t0 in range(0, T, block):
             t1 = min(T, t0 + block)
+            if past + t1 <= self.topk:  # each query sees only keys in the first topk slots: it takes them all
+                indices.append(torch.arange(self.topk, device=x.device).expand(B, t1 - t0, self.topk))
+                valid.append(visible_mask(key_valid, past + t0, t1 - t0, N, B)[..., : self.topk].expand(B, -1, -1))
+                continue
             # One [s*H, D] x [D, N] product per sequence (a broadcast matmul would copy the keys per query).
             qs = q[:, t0:t1].reshape(B, (t1 - t0) * self.n_heads, self.head_dim)
             scores = torch.bmm(qs, kt).relu_().view(B * (t1 - t0), self.n_heads, N)

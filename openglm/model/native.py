@@ -1,13 +1,17 @@
-"""Native CPU kernels for DSA (`dsa_kernels.c`), compiled on first use and loaded with ctypes.
+"""Native CPU kernels, compiled on first use and loaded with ctypes.
 
-Two steps of gather-based DSA have no efficient form as torch ops on the CPU: the lightning indexer's per-row
-top-k (as torch ops, 6-8 passes over each score row: relu, head sum, mask, sample top-k, compare, nonzero,
-gathers) and the scores / weighted sums of the selected (query, key) pairs (`sampled_addmm` runs at ~5 GFLOP/s,
-`embedding_bag` reads each query's rows at random). The C does each in one or two passes over cache-resident
-data. It is compiled once (~0.3 s) with the system C compiler (`cc`, or $CC) into ~/.cache/openglm (or
+- `dsa_kernels()` (`dsa_kernels.c`): two steps of gather-based DSA that have no efficient form as torch ops on
+  the CPU: the lightning indexer's per-row top-k (as torch ops, 6-8 passes over each score row: relu, head
+  sum, mask, sample top-k, compare, nonzero, gathers) and the scores / weighted sums of the selected (query,
+  key) pairs (`sampled_addmm` runs at ~5 GFLOP/s, `embedding_bag` reads each query's rows at random). The C
+  does each in one or two passes over cache-resident data.
+- `decode_kernels()` (`decode_kernels.c`): a decode step's routed experts (one or two rows each), whose
+  weights small-row BLAS calls read at ~5 GB/s; the C streams each weight row once, ~2x faster cold.
+
+Each is compiled once (~0.3 s) with the system C compiler (`cc`, or $CC) into ~/.cache/openglm (or
 $OPENGLM_CACHE), keyed by the source, flags and CPU (`-march=native`). Without a compiler, or with
-OPENGLM_DSA_NATIVE=0, `dsa_kernels()` returns None and `sparse_dsa` runs its torch-op paths; a compiler whose
-build fails gives a warning with its error, then the same fallback.
+OPENGLM_NATIVE=0 (all) / OPENGLM_DSA_NATIVE=0 / OPENGLM_DECODE_NATIVE=0, a loader returns None and the caller
+runs its torch-op path; a compiler whose build fails gives a warning with its error, then the same fallback.
 """
 from __future__ import annotations
 
@@ -24,10 +28,9 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("dsa_kernels.c")
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-SIGNATURES = {  # argument and result types of each exported function (see dsa_kernels.c)
+DSA_SIGNATURES = {  # argument and result types of each exported function (see dsa_kernels.c)
     "dsa_pairs_by_key": ([_P, _I, _I, _I, _P, _P], _I),
     "dsa_pair_scores": ([_P, _I, _P, _I, _I, _I, _F, _P, _P, _P, _P, _I], None),
     "dsa_pair_values": ([_P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _I], None),
@@ -46,32 +49,48 @@ def _cpu_id() -> str:
         return platform.processor()
 
 
+DECODE_SIGNATURES = {"experts_swiglu": ([_P, _P, _I, _P, _P, ctypes.c_int, _I, _I, _P, _P], None),
+                     "rows_linear": ([_P, _I, _P, ctypes.c_int, _I, _I, _P], None)}
+DECODE_MAX_ROWS = 8  # MAX_ROWS in decode_kernels.c: the most rows per weight its kernels take
+
+
 @functools.lru_cache(maxsize=1)
 def dsa_kernels():
-    """The compiled kernels (a ctypes library), or None: disabled, no compiler, or the build failed."""
-    if os.environ.get("OPENGLM_DSA_NATIVE", "1") == "0":
+    """The DSA kernels (a ctypes library), or None: disabled, no compiler, or the build failed."""
+    return _load("dsa", DSA_SIGNATURES, "OPENGLM_DSA_NATIVE")
+
+
+@functools.lru_cache(maxsize=1)
+def decode_kernels():
+    """The decode-step expert kernels (a ctypes library), or None, as `dsa_kernels`."""
+    return _load("decode", DECODE_SIGNATURES, "OPENGLM_DECODE_NATIVE")
+
+
+def _load(name: str, signatures: dict, switch: str):
+    if "0" in (os.environ.get("OPENGLM_NATIVE", "1"), os.environ.get(switch, "1")):
         return None
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         return None
-    source = SOURCE.read_text()
-    key = hashlib.sha256("\n".join([source, cc, *FLAGS, platform.machine(), _cpu_id()]).encode())
+    source = Path(__file__).with_name(f"{name}_kernels.c")
+    key = hashlib.sha256("\n".join([source.read_text(), cc, *FLAGS, platform.machine(), _cpu_id()]).encode())
     cache = os.environ.get("OPENGLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "openglm")
-    path = os.path.join(cache, f"dsa_{key.hexdigest()[:16]}.so")
+    path = os.path.join(cache, f"{name}_{key.hexdigest()[:16]}.so")
     try:
         if not os.path.exists(path):
             os.makedirs(cache, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: atomic for others
-                lib = os.path.join(tmp, "dsa.so")
-                subprocess.run([cc, *FLAGS, str(SOURCE), "-o", lib], check=True, capture_output=True, timeout=120)
+                lib = os.path.join(tmp, f"{name}.so")
+                subprocess.run([cc, *FLAGS, str(source), "-o", lib, "-lm"], check=True, capture_output=True,
+                               timeout=120)
                 os.replace(lib, path)
         lib = ctypes.CDLL(path)
     except (OSError, subprocess.SubprocessError) as e:
         detail = (getattr(e, "stderr", None) or b"").decode(errors="replace").strip()[-300:]
-        warnings.warn(f"openglm: DSA native kernels unavailable ({e} {detail}); using the torch-op path")
+        warnings.warn(f"openglm: {name} native kernels unavailable ({e} {detail}); using the torch-op path")
         return None
-    for name, (args, res) in SIGNATURES.items():
-        fn = getattr(lib, name)
+    for fn_name, (args, res) in signatures.items():
+        fn = getattr(lib, fn_name)
         fn.argtypes, fn.restype = args, res
     return lib
 
@@ -79,3 +98,18 @@ def dsa_kernels():
 def ptr(t: torch.Tensor) -> int:
     """A tensor's data address for a kernel argument (callers pass contiguous tensors of the right dtype)."""
     return t.data_ptr()
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, w) (no bias); for a decode step's few rows without autograd through `decode_kernels.c`,
+    which streams each weight row once (small-row BLAS reads cold weights at ~5 GB/s; fp32 accumulation)."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if (0 < rows <= DECODE_MAX_ROWS and not torch.is_grad_enabled() and x.device.type == "cpu"
+            and x.dtype == w.dtype and x.dtype in (torch.float32, torch.bfloat16) and w.is_contiguous()
+            and x.shape[-1] % 16 == 0 and decode_kernels() is not None):
+        xf = x.reshape(rows, x.shape[-1]).float().contiguous()
+        out = xf.new_empty(rows, w.shape[0])
+        decode_kernels().rows_linear(ptr(xf), rows, ptr(w), int(x.dtype == torch.bfloat16), w.shape[0], x.shape[-1],
+                                     ptr(out))
+        return out.to(x.dtype).view(*x.shape[:-1], w.shape[0])
+    return torch.nn.functional.linear(x, w)

@@ -3,12 +3,15 @@ training path, and their cached derived weights never go stale."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
-from openglm.model.moe import Experts
+from openglm.model.moe import MLP, Experts, native_swiglu_ok
+from openglm.model.native import decode_kernels
 from openglm.model.weights import derived_weight, fused_rows
 
 TOL = 1e-5
@@ -95,18 +98,38 @@ def _experts(seed: int) -> Experts:
     return experts
 
 
+def _loop(experts, xs, counts):
+    """The per-expert matmul loop (the path for experts with many rows)."""
+    out = torch.empty_like(xs)
+    experts._swiglu_rows([(e, x, y) for e, (x, y) in enumerate(zip(xs.split(counts), out.split(counts))) if len(x)])
+    return out
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 0.0)])
-def test_grouped_expert_matmuls_equal_the_per_expert_loop(dtype, tol):
+def test_grouped_expert_matmuls_equal_the_per_expert_loop(dtype, tol, monkeypatch):
+    monkeypatch.setattr("openglm.model.moe.decode_kernels", lambda: None)  # as without a C compiler
     experts = _experts(0).to(dtype)
     with torch.no_grad():
         counts = [2, 0, 1, 3, 0, 0, 1, 1]
         xs = torch.randn(sum(counts), 64, dtype=dtype)
-        assert experts._grouped_mm_ok(dtype)
+        assert experts._grouped_mm_ok(dtype) and not native_swiglu_ok(experts.act, xs, experts.gate_up_proj, experts.down_proj)
         grouped = experts._grouped_inference(xs, counts, torch.empty_like(xs))  # takes the grouped path
-        loop = torch.empty_like(xs)
-        groups = [(e, x, y) for e, (x, y) in enumerate(zip(xs.split(counts), loop.split(counts))) if len(x)]
-        experts._swiglu_rows(groups)
+        loop = _loop(experts, xs, counts)
     assert grouped.dtype == dtype and (grouped.float() - loop.float()).abs().max() <= tol
+
+
+@pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the decode kernels cannot be built")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_expert_kernel_equals_the_per_expert_loop(dtype):
+    experts = _experts(2).to(dtype)
+    with torch.no_grad():
+        counts = [2, 0, 1, 8, 0, 0, 1, 3]  # up to the kernel's 8 rows per expert
+        xs = torch.randn(sum(counts), 64, dtype=dtype)
+        reference = _loop(copy.deepcopy(experts).float(), xs.float(), counts)  # fp32 maths on the same values
+        assert native_swiglu_ok(experts.act, xs, experts.gate_up_proj, experts.down_proj)
+        native = experts._grouped_inference(xs, counts, torch.empty_like(xs))
+    err = (native.float() - reference).abs().max() / reference.abs().max()
+    assert native.dtype == dtype and err <= (1e-6 if dtype == torch.float32 else 4e-3)  # bf16: its final rounding
 
 
 def test_lm_head_few_rows_path_equals_linear():
@@ -151,3 +174,31 @@ def test_small_batch_expert_sort_equals_the_tensor_sort(monkeypatch):
         monkeypatch.setattr("openglm.model.moe.SMALL_BATCH", 0)
         general, _ = experts(x, indices, weights)
     assert dropped == 0 and (small - general).abs().max() <= 1e-6
+
+
+@pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the decode kernels cannot be built")
+@pytest.mark.parametrize("rows", [1, 8, 9])  # 9: past the kernel's rows, the matmul path
+def test_mlp_decode_rows_equal_the_training_path(rows):
+    cfg = ModelConfig.from_preset("tiny", hidden_size=64, intermediate_size=48)
+    torch.manual_seed(3)
+    mlp = MLP(cfg)
+    x = torch.randn(rows, 1, 64)
+    with torch.enable_grad():
+        reference = mlp(x).detach()  # separate gate / up / down Linears
+    with torch.no_grad():
+        fast = mlp(x)
+    assert fast.shape == x.shape and (fast - reference).abs().max() <= 1e-6 * reference.abs().max()
+
+
+def test_indexer_blocks_that_see_at_most_topk_keys_take_them_all():
+    """Query blocks whose keys all fit in the top-k skip scoring; the logits equal one block over everything,
+    with left padding too (fp32; the first blocks of 4 queries see <= 8 keys)."""
+    chunked, whole = _model(seed=4, index_topk=8, attn_query_chunk=4), _model(seed=4, index_topk=8)
+    ids = torch.randint(3, chunked.config.vocab_size, (2, 20))
+    mask = torch.ones(2, 20, dtype=torch.long)
+    mask[1, :5] = 0
+    with torch.no_grad():
+        for m in (None, mask):
+            real = torch.ones_like(mask, dtype=torch.bool) if m is None else m.bool()  # padding rows: no contract
+            diff = (chunked(ids, attention_mask=m).logits - whole(ids, attention_mask=m).logits).abs()
+            assert diff[real].max() <= TOL
