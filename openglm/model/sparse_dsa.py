@@ -201,22 +201,22 @@ class _Selector:
         # is rounded up to KEY_TILE keys (zero keys, masked), so only Tk / KEY_TILE shapes ever occur.
         self.tile = KEY_TILE if score_dtype != torch.float32 else 1
         kt = index_k.transpose(1, 2).to(score_dtype)  # [B, Di, Tk]: one cast for all blocks
-        self.kt = F.pad(kt, (0, -tk % self.tile))
         self.scale, self.score_dtype, self.block, self.n_top = scale, score_dtype, block, min(topk, tk)
         # Without padding or explicit positions, slot order is causal order: only a triangle is hidden.
         self.plain = key_mask is None and key_pos is None
         self.kpos, self.valid = key_positions(key_mask, key_pos, b, tk, device=index_k.device)
         self.scratch = Scratch()
-        width = self.kt.shape[-1]
-        if dsa_kernels() is not None:  # fp32 score rows, and per-head scores of one key tile
+        width = tk + (-tk % self.tile)  # the scored range, in whole tiles
+        self.lib = dsa_kernels()
+        if self.lib is not None:  # fp32 score rows, and per-head scores of one key tile
             sizes = {"rows": b * block * width, "work": 4 * width, "heads": b * block * heads * NATIVE_KEY_TILE}
             # The keys cut into [B, tiles, Di, NATIVE_KEY_TILE] (zero keys pad the last): each tile's matmul reads
             # a contiguous matrix (~25% faster than a strided slice) of one shape (one oneDNN kernel).
             t = NATIVE_KEY_TILE
             kt = F.pad(kt, (0, -tk % t))
             self.kt_tiles = kt.view(b, kt.shape[1], -1, t).transpose(1, 2).contiguous()
-            self.kt = None
         else:
+            self.kt = F.pad(kt, (0, width - tk))
             sizes = {"heads": b * block * heads * width, "summed": b * block * width}
         for name, numel in sizes.items():
             self.scratch.reserve(name, numel)
@@ -227,9 +227,8 @@ class _Selector:
             ok = self._visible(qs, qe)
             return torch.arange(qe, device=ok.device).expand(ok.shape).masked_fill(~ok, -1)
         scored = -(-qe // self.tile) * self.tile
-        lib = dsa_kernels()
-        if lib is not None:
-            return self._native_top(lib, index_q, weights, qs, qe, scored)
+        if self.lib is not None:
+            return self._native_top(self.lib, index_q, weights, qs, qe, scored)
         sc = index_scores(index_q, self.kt[:, :, :scored], weights, self.scale, self.score_dtype, self.scratch)
         sc[:, :, qe:] = float("-inf")  # padding keys and keys after the block's last query
         if self.plain:

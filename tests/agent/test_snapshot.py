@@ -115,6 +115,16 @@ def test_stale_index_lock_after_a_kill_is_cleared(tmp_path, workspace):
 
 # ---- dirty-path tracking (inotify): a snapshot stages only what changed, and never misses a change ----
 
+def watched(tmp_path, workspace, files: dict[str, str]):
+    """Writes `files`, takes a first snapshot (always a full add: the new watcher knows no past) and spies
+    on the full adds after it. Returns (snaps, first snapshot id, recorded full adds)."""
+    for path, text in files.items():
+        write(workspace, path, text)
+    snaps = Snapshots(workspace, tmp_path / "snap.git")
+    first = snaps.take()
+    return snaps, first, spy_full_adds(snaps)
+
+
 def spy_full_adds(snaps) -> list:
     """Records every `git add -A .` (a full rescan) the snapshots run from now on."""
     calls, git = [], snaps._git
@@ -134,11 +144,7 @@ def files_at(snaps, sha) -> dict:
 def test_changes_by_a_subprocess_are_staged_without_a_rescan(tmp_path, workspace):
     for i in range(5):
         write(workspace, f"pkg/m{i}.py", f"v = {i}\n")
-    write(workspace, "old.txt", "old")
-    write(workspace, "gone/a.txt", "a")
-    snaps = Snapshots(workspace, tmp_path / "snap.git")
-    first = snaps.take()  # a new watcher knows nothing of the past: this one is a full add
-    full = spy_full_adds(snaps)
+    snaps, first, full = watched(tmp_path, workspace, {"old.txt": "old", "gone/a.txt": "a"})
     script = ("echo changed > pkg/m1.py && rm pkg/m2.py && mv old.txt new.txt && chmod +x pkg/m3.py"
               " && mkdir -p n1/n2/n3 && echo deep > n1/n2/n3/f.txt && rm -r gone && echo tmp > t && rm t")
     subprocess.run(["sh", "-c", script], cwd=workspace, check=True)
@@ -155,11 +161,7 @@ def test_changes_by_a_subprocess_are_staged_without_a_rescan(tmp_path, workspace
 
 
 def test_a_renamed_directory_is_staged_by_a_rescan(tmp_path, workspace):
-    write(workspace, "pkg/sub/a.py", "a")
-    write(workspace, "b.py", "b")
-    snaps = Snapshots(workspace, tmp_path / "snap.git")
-    first = snaps.take()
-    full = spy_full_adds(snaps)
+    snaps, first, full = watched(tmp_path, workspace, {"pkg/sub/a.py": "a", "b.py": "b"})
     os.rename(workspace / "pkg", workspace / "lib")  # every watch below it now has a stale path
     second = snaps.take()
     assert sorted(snaps.changed_files(first, second)) == [("A", "lib/sub/a.py"), ("D", "pkg/sub/a.py")]
@@ -234,9 +236,7 @@ def test_an_index_whose_shared_part_was_lost_is_rebuilt(tmp_path, workspace):
 
 
 def test_odd_file_names_are_staged(tmp_path, workspace):
-    snaps = Snapshots(workspace, tmp_path / "snap.git")
-    first = snaps.take()
-    full = spy_full_adds(snaps)
+    snaps, first, full = watched(tmp_path, workspace, {})
     names = ["-n", "*", "sp ace", ":(glob)x", "new\nline", "\udcff-not-utf8"]
     for name in names:
         with open(os.path.join(os.fsencode(workspace), os.fsencode(name)), "wb") as f:
@@ -272,10 +272,7 @@ def test_queue_overflow_falls_back_to_a_full_add(tmp_path, workspace):
 def test_watch_limit_falls_back_to_full_adds(tmp_path, workspace, monkeypatch):
     import errno
     from inotify_simple import INotify
-    write(workspace, "a.txt", "1")
-    snaps = Snapshots(workspace, tmp_path / "snap.git")
-    first = snaps.take()
-    full = spy_full_adds(snaps)
+    snaps, first, full = watched(tmp_path, workspace, {"a.txt": "1"})
 
     def no_more_watches(self, path, mask):
         raise OSError(errno.ENOSPC, "inotify watch limit reached")
@@ -321,11 +318,7 @@ def test_ignored_and_user_git_directories_get_no_watch(tmp_path, workspace):
 
 
 def test_paths_a_user_gitignore_ignores_are_skipped_without_a_rescan(tmp_path, workspace):
-    write(workspace, ".gitignore", "*.log\nbuild/\n")
-    write(workspace, "src/a.py", "1")
-    snaps = Snapshots(workspace, tmp_path / "snap.git")
-    first = snaps.take()
-    full = spy_full_adds(snaps)
+    snaps, first, full = watched(tmp_path, workspace, {".gitignore": "*.log\nbuild/\n", "src/a.py": "1"})
     write(workspace, "src/run.log", "log")
     write(workspace, "build/out/o.bin", "bin")
     write(workspace, "src/a.py", "2")
