@@ -51,7 +51,7 @@ def save_pretrained(model: GlmMoeDsaForCausalLM, path, max_shard_size: int = 2 <
             total = sum(t.numel() * t.element_size() for t in tensors.values())
             weight_map = {k: name for name, shard in zip(names, shards) for k in shard}
             _write_json(tmp / INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map})
-        _swap_into_place(tmp, path)
+        swap_into_place(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -84,7 +84,10 @@ def _write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def _swap_into_place(tmp: Path, path: Path) -> None:
+def swap_into_place(tmp: Path, path: Path) -> None:
+    """Rename the complete folder `tmp` to `path`, replacing an existing one. A kill between the two renames
+    leaves the previous copy in `.NAME.old-*/ckpt`; `restore_interrupted_swap(path)` puts it back."""
+    restore_interrupted_swap(path)
     if not path.exists():
         os.replace(tmp, path)
         return
@@ -94,7 +97,20 @@ def _swap_into_place(tmp: Path, path: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def restore_interrupted_swap(path) -> None:
+    """Undo a swap killed between its renames: nothing at `path`, its previous copy in `.NAME.old-*/ckpt`."""
+    path = Path(path)
+    if path.exists() or not path.parent.is_dir():
+        return
+    for old in sorted(path.parent.glob(f".{path.name}.old-*")):
+        if (old / "ckpt").is_dir():
+            os.replace(old / "ckpt", path)
+            shutil.rmtree(old, ignore_errors=True)
+            return
+
+
 def read_config(path) -> ModelConfig:
+    restore_interrupted_swap(path)
     cfg_file = Path(path) / "config.json"
     if not cfg_file.is_file():
         raise MissingShardError(f"{cfg_file}: no config.json (is {path} a Hugging Face checkpoint directory?)")

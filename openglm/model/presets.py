@@ -7,7 +7,7 @@
 
 PRESETS: dict[str, dict] = {
     "tiny": dict(
-        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        vocab_size=384, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
         q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
         n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,

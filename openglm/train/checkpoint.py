@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from openglm.model.checkpoint import restore_interrupted_swap, swap_into_place
+
 STATE_FILE = "trainer_state.pt"
 
 
@@ -38,7 +40,7 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, model, trainer_state:
             tokenizer.save(tmp)
         torch.save(trainer_state, tmp / STATE_FILE)
         _fsync_dir(tmp)
-        _replace_dir(tmp, final)
+        swap_into_place(tmp, final)
         _write_pointer(root / "latest", final.name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -55,6 +57,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     for pointer in (p / "checkpoints" / "latest", p / "latest"):
         if pointer.is_file():
             target = pointer.parent / pointer.read_text().strip()
+            restore_interrupted_swap(target)  # a save killed between its renames
             if (target / "config.json").is_file():
                 return target
             raise CheckpointError(f"{pointer} points at {target}, which is not a complete checkpoint")
@@ -81,17 +84,6 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Rename src to dst, replacing an existing dst (a re-saved step) without a window where neither exists."""
-    if dst.exists():
-        old = dst.with_name(f".old-{dst.name}-{os.getpid()}")
-        os.replace(dst, old)
-        os.replace(src, dst)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(src, dst)
-
-
 def _write_pointer(path: Path, name: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as f:
@@ -109,12 +101,15 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _prune(root: Path, keep: int) -> None:
-    """Delete old complete checkpoints and stale temp folders left by an earlier crash."""
+    """Delete old complete checkpoints and the hidden temp folders an earlier crash left (`.tmp-step_*`, the
+    model writer's `..tmp-step_*` and `.step_*.tmp-*`, `.step_*.old-*`), each a full copy of the weights."""
     latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
     steps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
     for p in steps[:-keep] if keep > 0 else []:
         if p.name != latest:
             shutil.rmtree(p, ignore_errors=True)
+    for p in list(root.glob(".step_*.old-*")):
+        restore_interrupted_swap(root / p.name[1:].split(".old-")[0])
     for p in root.iterdir():
-        if p.is_dir() and p.name.startswith((".tmp-", ".old-")):
+        if p.is_dir() and p.name.startswith("."):
             shutil.rmtree(p, ignore_errors=True)

@@ -30,6 +30,22 @@ class StepTracker:
         self.rows: list[tuple] = []
         self.seconds = 0.0
 
+    def state_dict(self) -> dict:
+        """The open interval and the collapse detector's streaks: a resume at any step (a --time-budget stop,
+        a step between two log points) then logs the same curve as an uninterrupted run."""
+        d = self.detector
+        return {"counts": self.counts, "dropped": self.dropped, "micro": self.micro,
+                "rows": [list(r) for r in self.rows], "seconds": self.seconds,
+                "streak": [[layer, e, n] for (layer, e), n in d.streak.items()],
+                "fired": [list(key) for key in sorted(d.fired)]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.counts, self.dropped, self.micro = state["counts"], float(state["dropped"]), int(state["micro"])
+        self.rows = [tuple(float(x) for x in r) for r in state["rows"]]
+        self.seconds = float(state["seconds"])
+        self.detector.streak = {(int(layer), int(e)): int(n) for layer, e, n in state["streak"]}
+        self.detector.fired = {(int(layer), int(e)) for layer, e in state["fired"]}
+
     def add_routing(self, aux) -> torch.Tensor | None:
         """Record one micro-step's routing; returns its expert counts [n_moe_layers, E] (fp64, CPU) or None."""
         if aux is None or aux.expert_counts is None or aux.expert_counts.numel() == 0:

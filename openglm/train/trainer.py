@@ -85,11 +85,11 @@ class Trainer:
         self.step, self.checkpoint = 0, None
         self._build_model()
         self.metrics = MetricsLog(self.out / "metrics.jsonl", enabled=self.info.is_main)
+        self.tracker = StepTracker(self.model_config, cfg, self.info)
         if resume:
             self._resume(resume)
         elif self.info.is_main and self.metrics.path.exists():
             self.metrics.path.unlink()  # a fresh run in an old folder starts a fresh log
-        self.tracker = StepTracker(self.model_config, cfg, self.info)
 
     # ---- setup
     def _build_model(self) -> None:
@@ -120,6 +120,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.batcher.load_state_dict(state["data"])
         set_rng_state(state["rng"])
+        if "tracker" in state:  # checkpoints written before the tracker state was saved resume without it
+            self.tracker.load_state_dict(state["tracker"])
         self.step, self.checkpoint = state["step"], ckpt
         self.metrics.truncate_after(self.step)
         self.log(f"resumed from {ckpt} at step {self.step}")
@@ -252,7 +254,8 @@ class Trainer:
     def save(self) -> Path | None:
         if self.info.is_main:
             state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "data": self.batcher.state_dict(),
-                     "rng": rng_state(), "train_config": self.cfg.to_dict(), "world": self.info.world}
+                     "rng": rng_state(), "tracker": self.tracker.state_dict(), "train_config": self.cfg.to_dict(),
+                     "world": self.info.world}
             self.checkpoint = save_checkpoint(self.out, self.step, self.model, state, self.tokenizer,
                                               keep=self.cfg.keep_checkpoints)
         dist.barrier(self.info)
