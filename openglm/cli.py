@@ -28,7 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from openglm import __version__
 
-    parser.add_argument("--version", action="version", version=f"openglm {__version__}")
+    parser.add_argument("--version", action="version", version=f"openglm {__version__}",
+                        help="print the version and exit")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error (default: one line naming what was wrong)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
@@ -46,7 +49,27 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # noqa: BLE001 - only user errors are shortened; the rest re-raise
+        if args.debug or not is_user_error(e):
+            raise
+        print(f"openglm {args.command}: error: {one_line(e)} (--debug shows the traceback)", file=sys.stderr)
+        return 1
     return int(result or 0)
+
+
+def is_user_error(e: Exception) -> bool:
+    """Bad input or environment (a missing file, a bad value, a server that is down, a refused state
+    change): worth one line. Anything else is a bug and keeps its traceback."""
+    from openglm.client import GLMClientError
+
+    store_error = getattr(sys.modules.get("openglm.agent.store.base"), "StoreError", ())
+    snapshot_error = getattr(sys.modules.get("openglm.agent.snapshot"), "SnapshotError", ())
+    return isinstance(e, (OSError, ValueError, GLMClientError, store_error, snapshot_error))
+
+
+def one_line(e: Exception) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Python client for the openglm agent task API — the write-up's `GLMClient` (001 §6.2):
 
-    client = GLMClient("http://localhost:8000")
+    client = GLMClient("http://localhost:8100")          # `openglm agent-server`'s default port
     task_id = client.submit_long_task(objective="...", constraints={"timeout": "8h", ...})
     status = client.get_task_status(task_id)   # status["state"] in QUEUED ... SUCCEEDED ...
 """
@@ -14,20 +14,39 @@ import time
 import httpx
 
 
+DEFAULT_PORT = 8100  # the task API's one default port (`openglm agent-server`, `openglm task --server`)
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+
+
 class GLMClientError(RuntimeError):
+    """The task API answered with an error (status_code >= 400), or could not be reached (status_code 0)."""
+
     def __init__(self, status_code: int, detail):
-        super().__init__(f"HTTP {status_code}: {detail}")
+        super().__init__(f"HTTP {status_code}: {detail}" if status_code else str(detail))
         self.status_code, self.detail = status_code, detail
 
 
+class GLMConnectionError(GLMClientError):
+    """No task API answered at the URL (not running, wrong address or port, timed out)."""
+
+    def __init__(self, url: str, error: Exception):
+        super().__init__(0, f"cannot reach the task API at {url} ({type(error).__name__}: {error or 'no answer'}); "
+                            "is `openglm agent-server` running there? (set --server or OPENGLM_AGENT_URL)")
+        self.url = url
+
+
 class GLMClient:
-    def __init__(self, base_url: str = "http://127.0.0.1:8100", api_key: str | None = None, timeout: float = 30.0):
+    def __init__(self, base_url: str = DEFAULT_URL, api_key: str | None = None, timeout: float = 30.0):
         token = api_key or os.environ.get("OPENGLM_AGENT_TOKEN")
-        self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
+        self.base_url = base_url.rstrip("/")
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout,
                                  headers={"Authorization": f"Bearer {token}"} if token else {})
 
     def _call(self, method: str, path: str, **kw):
-        r = self.http.request(method, path, **kw)
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.TransportError as e:  # connect refused, DNS, timeouts, dropped connections
+            raise GLMConnectionError(self.base_url, e) from e
         if r.status_code >= 400:
             try:
                 detail = r.json()
@@ -53,15 +72,18 @@ class GLMClient:
 
     def stream_events(self, task_id: str, after: int = 0):
         """Yield events as they happen (SSE) until the task ends."""
-        with self.http.stream("GET", f"/v1/tasks/{task_id}/events", params={"after": after, "stream": "true"},
-                              timeout=None) as r:
-            if r.status_code >= 400:
-                raise GLMClientError(r.status_code, r.read().decode())
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    data = json.loads(line[6:])
-                    if "seq" in data:
-                        yield data
+        try:
+            with self.http.stream("GET", f"/v1/tasks/{task_id}/events", params={"after": after, "stream": "true"},
+                                  timeout=None) as r:
+                if r.status_code >= 400:
+                    raise GLMClientError(r.status_code, r.read().decode())
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        data = json.loads(line[6:])
+                        if "seq" in data:
+                            yield data
+        except httpx.TransportError as e:
+            raise GLMConnectionError(self.base_url, e) from e
 
     def pause(self, task_id: str) -> dict:
         return self._call("POST", f"/v1/tasks/{task_id}/pause")

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-DEFAULT_URL = "http://127.0.0.1:8100"
+from openglm.client import DEFAULT_PORT, DEFAULT_URL
 
 
 def _config_args(p):
@@ -27,6 +27,9 @@ def _load_config(args):
 
     model = None
     if args.replay:
+        if not os.path.isfile(args.replay):
+            raise SystemExit(f"--replay {args.replay}: no such file (a JSONL of scripted assistant turns, "
+                             "e.g. examples/turns.jsonl)")
         model = {"replay": args.replay}
     elif args.model_url:
         if not args.model:
@@ -75,8 +78,12 @@ def cmd_submit(args):
         constraints["timeout"] = args.timeout
     if args.resource:
         constraints["resource"] = args.resource
-    if args.deliverable:
-        constraints["deliverables"] = args.deliverable
+    extra = list(args.deliverable or []) + [{"run": cmd} for cmd in args.deliverable_run or []]
+    if extra:  # added to the deliverables given in --constraints, never replacing them
+        given = constraints.get("deliverables", [])
+        if not isinstance(given, list):
+            raise SystemExit("--constraints: deliverables must be a list")
+        constraints["deliverables"] = given + extra
     print(_client(args).submit_long_task(args.objective, constraints or None, workspace=args.workspace,
                                          repo=args.repo))
 
@@ -139,7 +146,10 @@ def register(subparsers):
     p.add_argument("--constraints", help='JSON, e.g. \'{"timeout": "8h", "resource": "16CPU/64GB"}\'')
     p.add_argument("--timeout", help="e.g. 8h, 90m")
     p.add_argument("--resource", help="e.g. 16CPU/64GB")
-    p.add_argument("--deliverable", action="append", help="path that must exist at the end (repeatable)")
+    p.add_argument("--deliverable", action="append", metavar="PATH",
+                   help="a path that must exist in the workspace at the end (repeatable; added to --constraints')")
+    p.add_argument("--deliverable-run", action="append", metavar="COMMAND",
+                   help="a command that must exit 0 in the workspace at the end, e.g. 'pytest -q' (repeatable)")
     add("list", "list tasks", cmd_list)
     add("status", "state, phase, progress, recent events", cmd_status).add_argument("task_id")
     p = add("events", "the task's event log", cmd_events)
@@ -159,7 +169,7 @@ def register(subparsers):
     p = subparsers.add_parser("agent-server", help="serve the task API with embedded workers")
     _config_args(p)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
     p.add_argument("--workers", type=int, default=1, help="embedded workers (0: API only)")
     p.add_argument("--token", default=None, help="bearer token (or OPENGLM_AGENT_TOKEN); required off loopback")
     p.set_defaults(func=cmd_agent_server)

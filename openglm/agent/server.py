@@ -9,6 +9,7 @@ from openglm.agent.api import check_bind, create_app
 from openglm.agent.config import AgentConfig
 from openglm.agent.store import open_store
 from openglm.agent.worker import Worker
+from openglm.client import DEFAULT_PORT
 
 
 def start_workers(config: AgentConfig, n: int, stop: threading.Event) -> list[threading.Thread]:
@@ -21,7 +22,7 @@ def start_workers(config: AgentConfig, n: int, stop: threading.Event) -> list[th
     return threads
 
 
-def serve(config: AgentConfig, host: str = "127.0.0.1", port: int = 8100, workers: int = 1,
+def serve(config: AgentConfig, host: str = "127.0.0.1", port: int = DEFAULT_PORT, workers: int = 1,
           token: str | None = None) -> None:
     import uvicorn
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from pathlib import Path
 
 from openglm.agent.config import AgentConfig
 from openglm.agent.snapshot import Snapshots
 from openglm.agent.state import rebuild
 from openglm.agent.store import StateConflict
-from openglm.agent.task import ConstraintError, Task, TaskState, new_task_id, parse_constraints
+from openglm.agent.task import TERMINAL, ConstraintError, Task, TaskState, new_task_id, parse_constraints
 
 S = TaskState
 _GIT_URL = re.compile(r"^(https?://|ssh://|git://|file://|git@)|\.git/?$")
@@ -59,8 +60,10 @@ def submit(store, config: AgentConfig, objective: str, workspace: str | None = N
 
 def _transition(store, task_id, frm: set, to: S, reason: str, extra_events=()) -> Task:
     task = store.get_task(task_id)
-    store.append(task_id, [*extra_events, ("state", task.step, {"state": to.value, "reason": reason})],
-                 {"state": to.value, "reason": reason, "control": "", "worker": ""},
+    fields = {"state": to.value, "reason": reason, "control": "", "worker": "", "phase": to.value.lower()}
+    if to in TERMINAL:
+        fields["finished_at"] = time.time()
+    store.append(task_id, [*extra_events, ("state", task.step, {"state": to.value, "reason": reason})], fields,
                  expect_state={s.value for s in frm})
     return store.get_task(task_id)
 
@@ -69,6 +72,10 @@ def pause(store, task_id: str) -> Task:
     task = store.get_task(task_id)
     if task.state == S.RUNNING.value:
         return store.update_task(task_id, {"control": "pause"}, expect_state={S.RUNNING.value})
+    if task.state == S.PAUSED.value:  # already where the caller wants it: nothing to do
+        return task
+    if task.state != S.QUEUED.value:
+        raise StateConflict(f"task {task_id} is {task.state}: only a QUEUED or RUNNING task can be paused")
     return _transition(store, task_id, {S.QUEUED}, S.PAUSED, "paused by request")
 
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import zlib
@@ -40,6 +42,14 @@ def _config_env(config: dict[str, str]) -> dict[str, str]:
     for i, (key, value) in enumerate(config.items()):
         env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
     return env
+
+
+def _umask() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        return 0o022
 
 
 class SnapshotError(RuntimeError):
@@ -74,6 +84,8 @@ class Snapshots:
             self._init(ignore if ignore is not None else DEFAULT_IGNORE)
         self.head = self._git("rev-parse", "--verify", "-q", self.REF, check=False) or ""
         self._head_tree = self._commit_tree(self.head) if self.head else ""
+        self._umask = _umask()
+        self._modes = self._load_modes(self.head) if self.head else {}  # path -> mode git would not restore
         self._clean_index = None  # index stamp when it last matched head's tree
         self._folded = 0  # index size after the last fold of the split index
         # Watching starts before the first take()/restore(), whose stage is then a full one.
@@ -134,6 +146,9 @@ class Snapshots:
         try:
             if changes is None or not self._stage_paths(changes):
                 self._add_all()
+                self._scan_modes()
+            else:
+                self._update_modes(changes)
             self._settle()
         except BaseException:  # the drained changes are not staged: the next stage must be a full one
             if self._dirty is not None:
@@ -189,8 +204,69 @@ class Snapshots:
         if self.head and self._head_tree == tree:
             return self.head
         commit = self._write_commit(tree, self.head, message)
+        if self._modes:
+            self._atomic_write(self.git_dir / "modes" / commit, json.dumps(self._modes, sort_keys=True).encode())
         self._set_head(commit, tree)
         return commit
+
+    # Git stores only 644/755: the exact modes of the other files (0600 keys, 0700 scripts, ...) are kept
+    # beside the commit, in modes/<commit>, and put back by restore().
+    def _default_mode(self, mode: int) -> int:
+        return (0o777 if mode & 0o100 else 0o666) & ~self._umask
+
+    def _note_mode(self, rel: str) -> None:
+        try:
+            st = os.lstat(self.workspace / rel)
+        except OSError:
+            self._modes.pop(rel, None)
+            return
+        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISREG(st.st_mode) and mode != self._default_mode(mode):
+            self._modes[rel] = mode
+        else:
+            self._modes.pop(rel, None)
+
+    def _update_modes(self, changes: dict[str, bool]) -> None:
+        for rel in changes:
+            full = self.workspace / rel
+            if full.is_dir() and not full.is_symlink():
+                prefix = rel.rstrip("/") + "/"
+                for known in [k for k in self._modes if k.startswith(prefix)]:
+                    self._note_mode(known)
+                for root, dirs, files in os.walk(full):
+                    dirs[:] = [d for d in dirs if d != ".git"]
+                    for name in files:
+                        self._note_mode(os.path.relpath(os.path.join(root, name), self.workspace))
+            else:
+                self._note_mode(rel)
+
+    def _scan_modes(self) -> None:
+        self._modes = {}
+        for rel in self._git("ls-files", "-z").split("\0"):
+            if rel:
+                self._note_mode(rel)
+
+    def _load_modes(self, commit: str) -> dict[str, int]:
+        try:
+            return {k: int(v) for k, v in json.loads((self.git_dir / "modes" / commit).read_text()).items()}
+        except (FileNotFoundError, ValueError, AttributeError):  # none recorded (or unreadable): git's modes
+            return {}
+
+    def _restore_modes(self, commit: str) -> None:
+        target = self._load_modes(commit)
+        for rel in set(self._modes) | set(target):
+            try:
+                full = self.workspace / rel
+                st = os.lstat(full)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            mode = stat.S_IMODE(st.st_mode)
+            want = target.get(rel, self._default_mode(mode))
+            if want != mode:
+                os.chmod(full, want)
+        self._modes = target
 
     def _fold_split_index(self):
         """The split part holds every entry changed since the shared part was written, so it grows
@@ -264,6 +340,7 @@ class Snapshots:
         except SnapshotError:
             self._add_all()
             self._git("read-tree", "-u", "--reset", snapshot_id)
+        self._restore_modes(snapshot_id)
         self._settle()  # the files it wrote are in the index
         if snapshot_id != self.head:
             self._set_head(snapshot_id)

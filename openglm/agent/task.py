@@ -83,13 +83,14 @@ def parse_resource(value, field: str = "resource") -> Resources:
 
 @dataclass
 class Deliverable:
-    """A path that must exist in the workspace, or a command that must exit 0 there."""
+    """A path that must exist in the workspace ({"path": ...}, or a plain string), or a command that must
+    exit 0 there ({"run": ...}; {"command": ...} is the older spelling)."""
 
     path: str | None = None
     command: str | None = None
 
     def describe(self) -> str:
-        return f"path {self.path}" if self.path else f"command `{self.command}`"
+        return f"path {self.path}" if self.path else f"run `{self.command}`"
 
 
 def parse_deliverables(value, field: str = "deliverables") -> list[Deliverable]:
@@ -99,10 +100,14 @@ def parse_deliverables(value, field: str = "deliverables") -> list[Deliverable]:
     for i, item in enumerate(value):
         if isinstance(item, str) and item.strip():
             out.append(Deliverable(path=item.strip()))
-        elif isinstance(item, dict) and set(item) in ({"path"}, {"command"}) and isinstance(next(iter(item.values())), str):
-            out.append(Deliverable(**item))
+        elif isinstance(item, dict) and len(item) == 1 and set(item) <= {"path", "run", "command"} \
+                and isinstance(next(iter(item.values())), str) and next(iter(item.values())).strip():
+            key, text = next(iter(item.items()))
+            # "command" is the older spelling of "run"
+            out.append(Deliverable(path=text.strip()) if key == "path" else Deliverable(command=text))
         else:
-            raise ConstraintError(f"{field}[{i}]", f"expected a path string, {{'path': ...}} or {{'command': ...}}, got {item!r}")
+            raise ConstraintError(f"{field}[{i}]", "expected a path string, {'path': PATH} (must exist) or "
+                                                   f"{{'run': COMMAND}} (must exit 0), got {item!r}")
     return out
 
 

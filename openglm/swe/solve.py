@@ -33,8 +33,10 @@ class SolveConfig:
     keep_tests: bool = False
 
 
-def objective(instance: dict, reveal_tests: bool) -> str:
-    text = f"Resolve this issue in the repository ({instance['repo']}):\n\n{instance['problem_statement']}"
+def objective(instance: dict, reveal_tests: bool, workspace) -> str:
+    """The task's objective names the checkout the agent works in (not the source it was cloned from)."""
+    text = (f"Resolve this issue in the repository at {workspace} (a checkout of {instance['repo']}):\n\n"
+            f"{instance['problem_statement']}")
     if reveal_tests:
         text += "\n\nTests that must pass afterwards: " + ", ".join(instance["FAIL_TO_PASS"])
     return text
@@ -63,7 +65,7 @@ def solve_instance(instance: dict, config: SolveConfig, policy_factory=None) -> 
     try:
         tasks = store.list_tasks()  # a rerun after an interruption continues the same task
         task = tasks[0] if tasks else service.submit(
-            store, agent_config, objective(instance, config.reveal_tests), str(workspace),
+            store, agent_config, objective(instance, config.reveal_tests, workspace.resolve()), str(workspace),
             {"timeout": config.timeout})
         worker = Worker(agent_config, store=store, policy_factory=policy_factory or (lambda: factory(agent_config)))
         if store.get_task(task.id).state == "QUEUED":

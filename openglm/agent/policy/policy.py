@@ -20,6 +20,7 @@ from openglm.agent.policy import prompts
 from openglm.agent.policy.config import PHASES, SWEPolicyConfig
 from openglm.agent.policy.tools import CHECKS, PHASE_TOOLS, check_call, echo_call, parse_check
 from openglm.agent.resilience import Failure, Level, RecoveryLadder
+from openglm.swe.repomap import render, repo_map
 
 REPOMAP_ID = "openglm-repomap"
 
@@ -39,6 +40,7 @@ class SWEPolicy(ToolCallingPolicy):
         super().__init__(context_limit=self.config.context_limit, system_prompt=prompts.SYSTEM)
         self._pd: dict | None = None  # phase data as of the last prepare/after_step (None on a redo)
         self._objective = ""
+        self._map: tuple[str | None, str] = (None, "")  # (workspace, rendered repo map), built once
 
     def initial_messages(self, task):
         self._objective = task.objective
@@ -56,9 +58,18 @@ class SWEPolicy(ToolCallingPolicy):
             events.append(("phase", {"phase": pd["phase"], "data": pd}))
         messages, _, more = super().prepare(ctx, state, tools)
         self._pd = pd
-        messages = messages + [{"role": "user", "content": self._phase_prompt(pd)}]
+        prompt = self._phase_prompt(pd)
+        if pd["phase"] == "environment" and not pd["ask_human"]:  # the prompt says the repo map is given
+            prompt += "\n\nRepo map:\n" + self._repo_map(ctx.workspace)
+        messages = messages + [{"role": "user", "content": prompt}]
         offered = [t for t in tools if t["function"]["name"] != "submit" or pd["phase"] == "verification"]
         return messages, offered + PHASE_TOOLS[pd["phase"]], events + more
+
+    def _repo_map(self, workspace) -> str:
+        key = str(workspace)
+        if self._map[0] != key:
+            self._map = (key, render(repo_map(workspace)))
+        return self._map[1]
 
     def _phase_prompt(self, pd: dict) -> str:
         if pd["ask_human"]:
@@ -75,8 +86,6 @@ class SWEPolicy(ToolCallingPolicy):
             question = pd["ask_human"] + ("\n\n" + response.content if response.content else "")
             return [(ToolCall(name="ask_user", arguments={"question": question}, id="openglm-ask"), True)]
         out = []
-        if pd is not None and pd["phase"] == "environment" and not pd["mapped"]:
-            out.append((check_call(self.config.python, "repomap", {}, REPOMAP_ID), True))
         for call, as_user in super().actions(response):
             out.append((self._translate(call, pd), as_user))
         return out

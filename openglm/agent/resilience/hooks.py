@@ -68,7 +68,9 @@ def resilience_hooks(config: ResilienceConfig | None = None, sleep=time.sleep) -
                                           on_switch=lambda i: guard.event("model_switch", {"to": i}))
             except Escalation as esc:  # past L2 nothing in the workspace helps: pause safely, resume later
                 guard.call_ladder.abort("safe pause")
-                raise ModelError(f"no model answered after retries and the fallback: {esc.error}") from esc.error
+                tried = "retries and the fallback" if isinstance(model, FallbackModel) else \
+                    "retries (no fallback model configured)"
+                raise ModelError(f"no model answered after {tried}: {esc.error}") from esc.error
 
         return resilient
 
@@ -187,6 +189,8 @@ class _TaskMonitor:
         return f"killed process group(s) {pids}; the step restarts from the last snapshot"
 
     def fallback(self, alert) -> str:
+        if not isinstance(self.ctx.model, FallbackModel):
+            return "no fallback model configured: the primary endpoint stays in use"
         self.guard.prefer_fallback = True
         return "fallback model preferred until the primary endpoint answers again"
 

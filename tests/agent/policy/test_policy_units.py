@@ -35,11 +35,26 @@ def test_gates_by_phase():
     assert "restart" in redo[0].arguments["command"] and redo[1].arguments == {"command": "ls"}
 
 
-def test_environment_step_gets_the_repo_map_and_human_escalation_asks():
+def test_environment_prompt_includes_the_repo_map_it_promises(tmp_path):
+    from types import SimpleNamespace
+
+    from openglm.agent.state import AgentState
+
+    (tmp_path / "README.md").write_text("# calc\n")
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a + b\n")
     policy = SWEPolicy(SWEPolicyConfig(python="py"))
-    policy._pd = initial_data()
+    state = AgentState(initial=[{"role": "system", "content": "s"}, {"role": "user", "content": "fix it"}])
+    state.phase_data = initial_data()
+    ctx = SimpleNamespace(workspace=str(tmp_path), rollback=None)
+    messages, _, _ = policy.prepare(ctx, state, [])
+    prompt = messages[-1]["content"]
+    assert "repo map" in prompt.lower() and "calc.py" in prompt  # given with the first request, not after it
     first = acts(policy, ("bash", {"command": "ls"}))
-    assert "checks repomap" in first[0].arguments["command"] and first[1].arguments == {"command": "ls"}
+    assert [c.arguments for c in first] == [{"command": "ls"}]  # no second, late repo map
+
+
+def test_human_escalation_asks():
+    policy = SWEPolicy(SWEPolicyConfig(python="py"))
     policy._pd = {**initial_data(), "ask_human": "How to proceed?"}
     (ask,) = [c for c, _ in policy.actions(ModelResponse(content="I tried three fixes."))]
     assert ask.name == "ask_user" and ask.arguments["question"] == "How to proceed?\n\nI tried three fixes."
