@@ -9,6 +9,9 @@ import sys
 from openglm.client import DEFAULT_PORT, DEFAULT_URL
 
 
+TASK_ID = "task id, as printed by `openglm task submit` (t-...)"
+
+
 def _config_args(p):
     p.add_argument("--config", help="agent config JSON (keys of AgentConfig)")
     p.add_argument("--data-dir", help="snapshots and created workspaces (default runs/agent)")
@@ -16,7 +19,7 @@ def _config_args(p):
     p.add_argument("--replay", help="serve tasks with a replay model: JSONL of scripted assistant turns")
     p.add_argument("--model-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", help="model name at --model-url")
-    p.add_argument("--api-key-env", default="OPENGLM_MODEL_API_KEY", help="env var holding the model API key")
+    p.add_argument("--api-key-env", default="OPENGLM_MODEL_API_KEY", help="environment variable holding the model API key (default %(default)s)")
     p.add_argument("--fallback-url", help="fallback model base URL")
     p.add_argument("--fallback-model", help="fallback model name")
     p.add_argument("--lease-ttl", type=float, help="seconds a silent worker keeps its lease")
@@ -134,13 +137,15 @@ def register(subparsers):
 
     def add(name, help, func):
         p = sub.add_parser(name, help=help)
-        p.add_argument("--server", default=os.environ.get("OPENGLM_AGENT_URL", DEFAULT_URL), help="task API URL")
-        p.add_argument("--token", default=os.environ.get("OPENGLM_AGENT_TOKEN"), help="bearer token")
+        p.add_argument("--server", default=os.environ.get("OPENGLM_AGENT_URL", DEFAULT_URL),
+                       help="task API URL (default: $OPENGLM_AGENT_URL, else %(default)s)")
+        p.add_argument("--token", default=os.environ.get("OPENGLM_AGENT_TOKEN"),
+                       help="bearer token (default: $OPENGLM_AGENT_TOKEN, else none)")
         p.set_defaults(func=_reporting_api_errors(func), action=name)
         return p
 
     p = add("submit", "submit a task; prints its id", cmd_submit)
-    p.add_argument("objective")
+    p.add_argument("objective", help="what the agent should achieve, in words")
     p.add_argument("--workspace", help="local folder the agent works in (default: a fresh empty one)")
     p.add_argument("--repo", help="git URL or path to clone as the workspace")
     p.add_argument("--constraints", help='JSON, e.g. \'{"timeout": "8h", "resource": "16CPU/64GB"}\'')
@@ -151,26 +156,27 @@ def register(subparsers):
     p.add_argument("--deliverable-run", action="append", metavar="COMMAND",
                    help="a command that must exit 0 in the workspace at the end, e.g. 'pytest -q' (repeatable)")
     add("list", "list tasks", cmd_list)
-    add("status", "state, phase, progress, recent events", cmd_status).add_argument("task_id")
+    add("status", "state, phase, progress, recent events", cmd_status).add_argument("task_id", help=TASK_ID)
     p = add("events", "the task's event log", cmd_events)
-    p.add_argument("task_id")
-    p.add_argument("--after", type=int, default=0)
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("task_id", help=TASK_ID)
+    p.add_argument("--after", type=int, default=0, help="only events with a larger sequence number (default 0)")
+    p.add_argument("--limit", type=int, default=100, help="at most this many events (default %(default)s)")
     p.add_argument("--follow", "-f", action="store_true", help="stream new events (SSE) until the task ends")
     for name in ("pause", "resume", "cancel"):
-        add(name, f"{name} a task", cmd_action).add_argument("task_id")
+        add(name, f"{name} a task", cmd_action).add_argument("task_id", help=TASK_ID)
     p = add("answer", "answer a task waiting in NEEDS_INPUT", cmd_action)
-    p.add_argument("task_id")
-    p.add_argument("text")
+    p.add_argument("task_id", help=TASK_ID)
+    p.add_argument("text", help="the answer to the task's question")
     p = add("rollback", "restore the workspace to an earlier step's snapshot", cmd_action)
-    p.add_argument("task_id")
-    p.add_argument("step", type=int)
+    p.add_argument("task_id", help=TASK_ID)
+    p.add_argument("step", type=int, help="a committed step (see `openglm task events`)")
 
     p = subparsers.add_parser("agent-server", help="serve the task API with embedded workers")
     _config_args(p)
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s; "
+                                                        "off loopback a --token is required)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
-    p.add_argument("--workers", type=int, default=1, help="embedded workers (0: API only)")
+    p.add_argument("--workers", type=int, default=1, help="embedded workers; 0 = API only (default %(default)s)")
     p.add_argument("--token", default=None, help="bearer token (or OPENGLM_AGENT_TOKEN); required off loopback")
     p.set_defaults(func=cmd_agent_server)
 

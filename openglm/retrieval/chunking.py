@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,20 +51,38 @@ def content_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def iter_source_files(root: str | Path, suffixes: set[str] | None = None):
-    """Yield indexable files under `root` (sorted, so builds are deterministic)."""
+def iter_source_files(root: str | Path, suffixes: set[str] | None = None, skipped: list[str] | None = None):
+    """Yield indexable regular files under `root` (sorted, so builds are deterministic). Named pipes,
+    sockets and devices (reading one can block forever), symlinks, and names that are not UTF-8 are
+    left out; the notable ones are appended to `skipped` as "path: why"."""
     root = Path(root)
     suffixes = suffixes or TEXT_SUFFIXES
+    note = skipped.append if skipped is not None else (lambda _: None)
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
         for name in sorted(filenames):
             path = Path(dirpath) / name
-            if path.suffix.lower() in suffixes and not path.is_symlink():
-                try:
-                    if path.stat().st_size <= MAX_FILE_BYTES:
-                        yield path
-                except OSError:
-                    continue
+            if path.suffix.lower() not in suffixes:
+                continue
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:  # os.walk hands undecodable bytes back as surrogates
+                note(f"{printable_path(path)}: file name is not valid UTF-8")
+                continue
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                note(f"{printable_path(path)}: not a regular file (a named pipe, socket or device)")
+            elif st.st_size <= MAX_FILE_BYTES:
+                yield path
+
+
+def printable_path(path) -> str:
+    return os.fsencode(str(path)).decode("utf-8", errors="backslashreplace")
 
 
 def decode_text(data: bytes) -> str | None:

@@ -6,6 +6,18 @@ import json
 import sys
 
 
+def _positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def register(subparsers):
     p = subparsers.add_parser("index", help="code knowledge base: build and search a repository index")
     sub = p.add_subparsers(dest="index_command", metavar="ACTION")
@@ -15,15 +27,16 @@ def register(subparsers):
     b.add_argument("--index", default=None, help="index directory (default: PATH/.openglm-index)")
     b.add_argument("--model", default=None,
                    help="sentence-transformers model directory (default: the bundled all-MiniLM-L6-v2)")
-    b.add_argument("--max-seq-length", type=int, default=256, help="embedder token limit per chunk")
+    b.add_argument("--max-seq-length", type=int, default=256, help="embedder token limit per chunk, in tokens (default %(default)s)")
     b.add_argument("--json", action="store_true", help="print the update statistics as JSON")
     b.set_defaults(func=_build)
 
     s = sub.add_parser("search", help="search an index; prints path:line spans")
     s.add_argument("path", help="repository root or index directory")
-    s.add_argument("query")
-    s.add_argument("-k", type=int, default=10, help="number of results")
-    s.add_argument("--mode", choices=["hybrid", "dense", "bm25"], default="hybrid")
+    s.add_argument("query", help="what to look for: words, a name or a description")
+    s.add_argument("-k", type=_positive_int, default=10, help="number of results, >= 1 (default %(default)s)")
+    s.add_argument("--mode", choices=["hybrid", "dense", "bm25"], default="hybrid",
+                   help="dense embeddings, BM25 words, or both fused (default %(default)s)")
     s.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     s.add_argument("--show", action="store_true", help="also print each chunk's first lines")
     s.set_defaults(func=_search)
@@ -42,6 +55,8 @@ def _build(args) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    for note in stats.skipped:
+        print(f"note: skipped {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(asdict(stats)))
     else:

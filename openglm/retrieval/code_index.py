@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .chunking import Chunk, chunk_file, content_hash, decode_text, iter_source_files
+from .chunking import Chunk, chunk_file, content_hash, decode_text, iter_source_files, printable_path
 from .embedder import Embedder, EmbedderIdentity, check_identity
 from .lexical import BM25Index, reciprocal_rank_fusion
 from .vector import VectorConfig, VectorIndex, ladder_config, write_atomic
@@ -59,6 +59,7 @@ class UpdateStats:
     unchanged: int = 0
     chunks_embedded: int = 0
     total_chunks: int = 0
+    skipped: list[str] = field(default_factory=list)  # "path: why" for files that could not be indexed
 
 
 class CodeIndex:
@@ -119,25 +120,30 @@ class CodeIndex:
         return self._embedder
 
     # ---- incremental update -------------------------------------------------------------
-    def _scan(self) -> dict[str, tuple[str, str]]:
+    def _scan(self, skipped: list[str]) -> dict[str, tuple[str, str]]:
         """rel path -> (content hash, text) of every indexable file in the repository."""
         found = {}
         index_dir = self.index_dir.resolve()
-        for path in iter_source_files(self.repo):
+        for path in iter_source_files(self.repo, skipped=skipped):
             if index_dir in path.resolve().parents:
                 continue
-            data = path.read_bytes()
+            try:
+                data = path.read_bytes()
+            except OSError as e:  # unreadable (permissions), vanished: one file does not stop the build
+                skipped.append(f"{printable_path(path.relative_to(self.repo))}: cannot read ({e.strerror or e})")
+                continue
             text = decode_text(data)
             if text is not None and text.strip():
                 found[path.relative_to(self.repo).as_posix()] = (content_hash(data), text)
         return found
 
     def update(self, progress: bool = False) -> UpdateStats:
-        found = self._scan()
+        skipped: list[str] = []
+        found = self._scan(skipped)
         if not found:
             raise ValueError(f"repository {self.repo} has no indexable text files "
                              f"(looked for .py, .md, .txt, ... outside hidden and build folders)")
-        files, stats = self.manifest["files"], UpdateStats()
+        files, stats = self.manifest["files"], UpdateStats(skipped=skipped)
         stale: list[int] = []
         for rel in sorted(set(files) - set(found)):
             stats.removed.append(rel)
@@ -210,6 +216,8 @@ class CodeIndex:
     # ---- search -------------------------------------------------------------------------
     def search(self, query: str, k: int = 10, mode: str = "hybrid") -> list[Hit]:
         """The k best chunks for a natural-language or identifier query."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a whole number >= 1, got {k!r}")
         if mode not in MODES:
             raise ValueError(f"unknown search mode {mode!r}; modes: {MODES}")
         if not query.strip():

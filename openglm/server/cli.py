@@ -3,29 +3,33 @@
 from __future__ import annotations
 
 
+D = " (default %(default)s)"
+
+
 def register(subparsers):
     p = subparsers.add_parser("serve", help="serve a checkpoint behind an OpenAI-compatible HTTP API",
                               description="Serve a checkpoint with the paged-KV engine behind the OpenAI API "
                                           "(/v1/models, /v1/completions, /v1/chat/completions, /health, /metrics).")
     p.add_argument("checkpoint", help="checkpoint folder (config.json, safetensors, tokenizer.json)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 = all interfaces"+D)
+    p.add_argument("--port", type=int, default=8000, help="TCP port"+D)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* "
                                                    "(default: $OPENGLM_API_KEY, else none)")
     p.add_argument("--served-model-name", default=None, help="model id clients use (default: folder name)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    p.add_argument("--num-kv-blocks", type=int, default=2048, help="KV blocks in the paged pool")
-    p.add_argument("--max-num-seqs", type=int, default=32, help="sequences batched per step")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step")
-    p.add_argument("--max-model-len", type=int, default=None, help="context limit (prompt + output)")
-    p.add_argument("--max-queue", type=int, default=256, help="requests in flight before answering 429")
-    p.add_argument("--session-ttl", type=float, default=600.0, help="seconds an idle prefix-cache block stays reusable")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block"+D)
+    p.add_argument("--num-kv-blocks", type=int, default=2048, help="KV blocks in the paged pool"+D)
+    p.add_argument("--max-num-seqs", type=int, default=32, help="sequences batched per step"+D)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step"+D)
+    p.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens, prompt + output (default: the model's max_position_embeddings)")
+    p.add_argument("--max-queue", type=int, default=256, help="requests in flight before answering 429"+D)
+    p.add_argument("--session-ttl", type=float, default=600.0, help="seconds an idle prefix-cache block stays reusable"+D)
     p.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix (session) cache")
     p.add_argument("--quantization", choices=["none", "int8", "fp8"], default="none",
-                   help="weight-only quantisation (dequantised for compute)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--log-level", default="info")
+                   help="weight-only quantisation (dequantised for compute)"+D)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="weight and compute dtype"+D)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    p.add_argument("--log-level", default="info", help="uvicorn log level: debug, info, warning, error"+D)
     p.set_defaults(func=serve)
 
 

@@ -42,8 +42,15 @@ def _selected_instances(args) -> list[dict]:
 def cmd_localize(args) -> int:
     from openglm.swe.localize import LocalizeConfig, localize
 
-    config = LocalizeConfig(scope=args.scope, top=args.top, pythonpath=args.pythonpath)
-    result = localize(args.repo, args.failing or [], issue=_read_issue(args), config=config)
+    issue = _read_issue(args)
+    config = LocalizeConfig(scope=args.scope, top=args.top, pythonpath=args.pythonpath,
+                            find_failing=not args.failing and not args.no_run)
+    result = localize(args.repo, args.failing or [], issue=issue, config=config)
+    if not args.failing and not result["observed_failing"] and not issue:
+        why = "no test of the suite failed" if config.find_failing else "no tests were run (--no-run)"
+        print(f"openglm localize: nothing to localise: {why} and no issue was given; "
+              "pass --failing NODEID (a failing test) or --issue FILE", file=sys.stderr)
+        return 1
     _emit(result, args.json)
     return 0
 
@@ -122,74 +129,88 @@ def cmd_swe_solve(args) -> int:
     return 0
 
 
+REPO = "repository folder (a git checkout or plain folder)"
+PYTHONPATH = "sys.path entries relative to the repo (default: src/ if present, else the repo root)"
+JSON_OUT = "write the JSON to this file (default: stdout)"
+INSTANCE_IDS = "only these instance ids (default: all)"
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("localize", help="rank files/functions/lines for a failing test (JSON)")
-    p.add_argument("repo")
-    p.add_argument("--failing", nargs="*", help="failing test node ids (tests/test_x.py::test_y)")
+    p.add_argument("repo", help=REPO)
+    p.add_argument("--failing", nargs="*", help="failing test node ids (tests/test_x.py::test_y); "
+                                                 "default: run the suite and use the tests that fail")
+    p.add_argument("--no-run", action="store_true", help="without --failing, do not run the suite "
+                                                         "(localise from --issue alone)")
     p.add_argument("--issue", help="file with the issue statement ('-' = stdin)")
     p.add_argument("--issue-text", help="the issue statement inline")
     p.add_argument("--scope", choices=["files", "all"], default="files",
-                   help="tests run for coverage: the failing tests' files or the whole suite")
-    p.add_argument("--top", type=int, default=20)
-    p.add_argument("--pythonpath", nargs="*", help="sys.path entries relative to the repo (default src/ or .)")
-    p.add_argument("--json", help="write the JSON here instead of stdout")
+                   help="tests run for coverage: the failing tests' files or the whole suite (default %(default)s)")
+    p.add_argument("--top", type=int, default=20, help="locations listed per level (default %(default)s)")
+    p.add_argument("--pythonpath", nargs="*", help=PYTHONPATH)
+    p.add_argument("--json", metavar="FILE", help=JSON_OUT)
     p.set_defaults(func=cmd_localize)
 
     p = subparsers.add_parser("verify", help="compile + Pyflakes + tests with per-test results (JSON)")
-    p.add_argument("repo")
+    p.add_argument("repo", help=REPO)
     p.add_argument("--files", nargs="*", help="files to check (default: changed vs HEAD)")
     p.add_argument("--tests", nargs="*", help="test targets (default: the runner's discovery)")
-    p.add_argument("--runner", choices=["auto", "pytest", "unittest", "none"], default="auto")
-    p.add_argument("--timeout", type=float, default=900)
-    p.add_argument("--pythonpath", nargs="*")
-    p.add_argument("--json")
+    p.add_argument("--runner", choices=["auto", "pytest", "unittest", "none"], default="auto",
+                   help="test runner; auto = pytest when installed, else unittest (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds the test run may take (default %(default)s)")
+    p.add_argument("--pythonpath", nargs="*", help=PYTHONPATH)
+    p.add_argument("--json", metavar="FILE", help=JSON_OUT)
     p.set_defaults(func=cmd_verify)
 
     p = subparsers.add_parser("bisect", help="git bisect run automation: the first bad commit")
-    p.add_argument("repo")
+    p.add_argument("repo", help="git repository")
     p.add_argument("--good", required=True, help="a known-good revision")
-    p.add_argument("--bad", default="HEAD")
+    p.add_argument("--bad", default="HEAD", help="a known-bad revision (default %(default)s)")
     p.add_argument("--cmd", required=True, help="shell command: exit 0 = good, 125 = skip, else bad")
-    p.add_argument("--json")
+    p.add_argument("--json", metavar="FILE", help=JSON_OUT)
     p.set_defaults(func=cmd_bisect)
 
     p = subparsers.add_parser("repomap", help="repo map: tree, README, dependencies, tests, imports")
-    p.add_argument("repo")
+    p.add_argument("repo", help=REPO)
     p.add_argument("--text", action="store_true", help="the compact text form used in prompts")
-    p.add_argument("--json")
+    p.add_argument("--json", metavar="FILE", help=JSON_OUT)
     p.set_defaults(func=cmd_repomap)
 
     p = subparsers.add_parser("swe-eval", help="evaluate predictions on SWE-bench-format instances")
     p.add_argument("--instances", required=True, help="instances JSON/JSONL (SWE-bench fields)")
     p.add_argument("--predictions", required=True, help="predictions JSON/JSONL, or 'gold' / 'empty'")
-    p.add_argument("--run-id", default="openglm")
-    p.add_argument("--out", default="runs/swe-eval")
+    p.add_argument("--run-id", default="openglm", help="name of this evaluation run (default %(default)s)")
+    p.add_argument("--out", default="runs/swe-eval", help="report and logs folder (default %(default)s)")
     p.add_argument("--repos-dir", default=".bench/swe-gen/repos",
-                   help="local clones, named owner__name (GitHub repos are cloned here when absent)")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=900)
-    p.add_argument("--install-cmd", default="", help="run inside each instance venv, e.g. 'pip install -e .'")
-    p.add_argument("--instance-ids", nargs="*")
+                   help="local clones, named owner__name (GitHub repos are cloned here when absent; "
+                        "default %(default)s)")
+    p.add_argument("--workers", type=int, default=2, help="instances evaluated in parallel (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per instance (default %(default)s)")
+    p.add_argument("--install-cmd", default="", help="run inside each instance venv, e.g. 'pip install -e .' "
+                                                     "(default: none)")
+    p.add_argument("--instance-ids", nargs="*", help=INSTANCE_IDS)
     p.add_argument("--keep", action="store_true", help="keep the per-instance work directories")
     p.set_defaults(func=cmd_swe_eval)
 
     p = subparsers.add_parser("swe-solve", help="run the four-phase SWE policy on instances -> predictions")
-    p.add_argument("--instances", required=True)
+    p.add_argument("--instances", required=True, help="instances JSON/JSONL (SWE-bench fields)")
     p.add_argument("--model-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", help="model name at --model-url")
-    p.add_argument("--api-key-env", default="OPENGLM_MODEL_API_KEY", help="env var holding the API key")
+    p.add_argument("--api-key-env", default="OPENGLM_MODEL_API_KEY", help="environment variable holding the API key (default %(default)s)")
     p.add_argument("--replay", help="a replay script (JSONL of assistant turns) instead of a model")
-    p.add_argument("--out", default="runs/swe-solve")
-    p.add_argument("--repos-dir", default=".bench/swe-gen/repos")
-    p.add_argument("--timeout", default="60m", help="per instance, e.g. 60m")
+    p.add_argument("--out", default="runs/swe-solve", help="predictions and task folders (default %(default)s)")
+    p.add_argument("--repos-dir", default=".bench/swe-gen/repos",
+                   help="local clones, named owner__name (default %(default)s)")
+    p.add_argument("--timeout", default="60m", help="time per instance, e.g. 60m, 2h (default %(default)s)")
     p.add_argument("--reveal-tests", action="store_true", help="tell the agent the FAIL_TO_PASS test ids")
-    p.add_argument("--instance-ids", nargs="*")
+    p.add_argument("--instance-ids", nargs="*", help=INSTANCE_IDS)
     p.set_defaults(func=cmd_swe_solve)
 
     p = subparsers.add_parser("swe-gen", help="generate bug-injection instances from pinned PyPI packages")
     p.add_argument("--packages", nargs="*", help="subset of the pinned packages (default: all)")
-    p.add_argument("--per-package", type=int, default=30, help="instances per package (30 = the benchmark set)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=".bench/swe-gen")
-    p.add_argument("--queries", default=".bench/localize/queries.jsonl")
+    p.add_argument("--per-package", type=int, default=30, help="instances per package; 30 = the benchmark set (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bug injection (default %(default)s)")
+    p.add_argument("--out", default=".bench/swe-gen", help="instances and repos folder (default %(default)s)")
+    p.add_argument("--queries", default=".bench/localize/queries.jsonl",
+                   help="localisation queries written here (default %(default)s)")
     p.set_defaults(func=cmd_swe_gen)

@@ -119,7 +119,8 @@ def run_unittest(repo: str | Path, targets: list[str], *, python: str = sys.exec
                  pythonpath: list[str] | None = None, timeout: float = 600) -> TestRun:
     """Run `python -m unittest -v targets` (discovery when no target) and parse the verbose log."""
     repo = Path(repo)
-    cmd = [python, "-m", "unittest", "-v", *(targets or ["discover"])]
+    # discovery is a subcommand: `unittest discover -v`; `unittest -v discover` imports a module "discover"
+    cmd = [python, "-m", "unittest", *(["-v", *targets] if targets else ["discover", "-v"])]
     run = TestRun()
     _run_into(run, cmd, repo, child_env(repo, pythonpath), timeout)
     for name, status in parse_unittest_log(run.output).items():

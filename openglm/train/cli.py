@@ -14,6 +14,37 @@ _TRAIN_FLAGS = {
     "collapse_share": float, "collapse_patience": int, "router_bias_rate": float, "threads": int,
 }
 _FIELD = {"out": "out_dir", "steps": "max_steps", "time_budget": "time_budget_s"}
+# flag -> what it sets (the default, from TrainConfig, is appended)
+_TRAIN_HELP = {
+    "preset": "model preset: tiny, small, glm-5", "data": "corpus: 'stdlib', a folder of text/code files, or "
+    "a .jsonl with a \"text\" field", "out": "run folder (checkpoints, metrics.jsonl, plots)",
+    "tokenizer": "folder with tokenizer.json (none: train a byte-level BPE on the corpus)",
+    "vocab_size": "tokens of a tokenizer trained here (none: the preset's vocab_size)",
+    "seq_len": "tokens per training sequence", "batch_size": "sequences per micro-batch, per process",
+    "grad_accum": "micro-batches per optimizer step", "steps": "optimizer steps of the schedule",
+    "lr": "peak learning rate", "warmup_steps": "linear warm-up, in optimizer steps",
+    "min_lr_ratio": "cosine decay floor, as a fraction of --lr", "weight_decay": "AdamW weight decay",
+    "grad_clip": "global gradient-norm clip (0: off)", "dtype": "autocast compute dtype: bf16 or fp32",
+    "activation_checkpointing": "recompute activations in segments of k layers (0: off)",
+    "device": "torch device: cpu, cuda, ...", "seed": "seed of init, data order and sampling",
+    "log_every": "steps between metrics records", "eval_every": "steps between validations",
+    "eval_windows": "validation sequences per evaluation", "save_every": "steps between checkpoints",
+    "keep_checkpoints": "newest checkpoints kept (older ones pruned)",
+    "time_budget": "stop with a checkpoint after this many seconds of training (none: no limit)",
+    "collapse_share": "warn when one expert takes more than this fraction of a layer's tokens ...",
+    "collapse_patience": "... for this many log intervals in a row",
+    "router_bias_rate": "aux-loss-free balancing: per-step nudge of the routers' score bias",
+    "threads": "torch CPU threads (none: all cores)",
+}
+
+
+def _default_of(flag: str):
+    import dataclasses
+
+    from openglm.train.config import TrainConfig  # a plain dataclass module: cheap to import here
+
+    field = next(f for f in dataclasses.fields(TrainConfig) if f.name == _FIELD.get(flag, flag))
+    return field.default
 
 
 def register(subparsers) -> None:
@@ -21,33 +52,39 @@ def register(subparsers) -> None:
                               description="Train a model. Under `torchrun --nproc_per_node=N` it runs data-parallel.")
     p.add_argument("--recipe", choices=["demo"], help="start from a named recipe (then apply the flags)")
     for flag, typ in _TRAIN_FLAGS.items():
-        p.add_argument("--" + flag.replace("_", "-"), type=typ, default=None)
+        default = _default_of(flag)
+        p.add_argument("--" + flag.replace("_", "-"), type=typ, default=None, metavar=flag.upper(),
+                       help=f"{_TRAIN_HELP[flag]} (default: {'none' if default is None else default}"
+                            f"{', or the --recipe value' if flag != 'out' else ''})")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a ModelConfig field (JSON value), e.g. --set num_hidden_layers=4")
     p.add_argument("--offload-optimizer", action="store_true", help="keep AdamW state in CPU memory")
     p.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
                    help="continue exactly from the latest checkpoint in --out (or the given one)")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
+    p.add_argument("--no-plots", action="store_true", help="do not write loss.png / expert_load.png")
     p.set_defaults(func=_train)
 
     g = subparsers.add_parser("generate", help="complete a prompt with a trained checkpoint")
     g.add_argument("checkpoint", help="checkpoint folder, or a run folder (uses its latest checkpoint)")
-    g.add_argument("--prompt", required=True)
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.8)
-    g.add_argument("--top-k", type=int, default=50)
-    g.add_argument("--top-p", type=float, default=0.95)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--prompt", required=True, help="the text to complete")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate (default %(default)s)")
+    g.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy "
+                                                                  "(default %(default)s)")
+    g.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest tokens; 0 = all "
+                                                         "(default %(default)s)")
+    g.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling probability mass "
+                                                             "(default %(default)s)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (default %(default)s)")
     g.set_defaults(func=_generate)
 
     d = subparsers.add_parser("demo", help="the main job: train the small preset on the stdlib and show a sample")
-    d.add_argument("--out", default="runs/demo")
+    d.add_argument("--out", default="runs/demo", help="run folder (default %(default)s)")
     d.add_argument("--steps", type=int, default=None, help="optimizer steps (default: calibrated to --train-seconds)")
     d.add_argument("--train-seconds", type=float, default=None,
                    help="training time to aim for (default 240; the step count is calibrated to it)")
     d.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
-    d.add_argument("--no-progress", action="store_true")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
     d.set_defaults(func=_demo)
 
 

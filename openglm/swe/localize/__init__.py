@@ -29,6 +29,7 @@ class LocalizeConfig:
     top: int = 20
     timeout: float = 600
     pythonpath: list[str] | None = None  # sys.path entries relative to the repo; default src/ or root
+    find_failing: bool = False  # no failing tests given: run the whole suite and localise what fails
 
 
 def _normalised(scores: dict[str, float]) -> dict[str, float]:
@@ -75,8 +76,9 @@ def localize(repo: str | Path, failing_tests: list[str] = (), issue: str = "", t
     techniques: dict[str, dict[str, dict[str, float]]] = {}
     texts = [issue, test_output]
     observed_failing: list[str] = []
-    if failing_tests:
-        targets = sorted({t.split("::")[0] for t in failing_tests}) if config.scope == "files" else []
+    if failing_tests or config.find_failing:
+        files = config.scope == "files" and failing_tests
+        targets = sorted({t.split("::")[0] for t in failing_tests}) if files else []
         run = run_pytest(repo, targets, pythonpath=config.pythonpath, timeout=config.timeout,
                          coverage_source=source_paths(repo, config.pythonpath))
         failed, passed = set(run.failed), set(run.passed)
