@@ -81,11 +81,24 @@ def register(subparsers) -> None:
     d = subparsers.add_parser("demo", help="the main job: train the small preset on the stdlib and show a sample")
     d.add_argument("--out", default="runs/demo", help="run folder (default %(default)s)")
     d.add_argument("--steps", type=int, default=None, help="optimizer steps (default: calibrated to --train-seconds)")
-    d.add_argument("--train-seconds", type=float, default=None,
-                   help="training time to aim for (default 240; the step count is calibrated to it)")
+    d.add_argument("--train-seconds", "--budget-s", type=_seconds, default=os.environ.get("OPENGLM_DEMO_BUDGET_S"),
+                   help="seconds of training to aim for; the step count is calibrated to it, 20 steps at least "
+                        "(default: $OPENGLM_DEMO_BUDGET_S, else 240; CI uses a short budget)")
     d.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar (default: shown)")
     d.set_defaults(func=_demo)
+
+
+def _seconds(text) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected seconds, e.g. 240, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value:g}")
+    return value
 
 
 def _train_config(args):

@@ -1,0 +1,35 @@
+"""User errors are one line, no traceback; `--debug` shows it; the client has its own error type (issue 20)."""
+
+import subprocess
+import sys
+
+import pytest
+from testutil import free_port
+
+from openglm.client import GLMClient, GLMClientError, GLMConnectionError
+
+
+def _openglm(*args):
+    return subprocess.run([sys.executable, "-m", "openglm", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_client_against_a_server_that_is_down_raises_its_own_error():
+    client = GLMClient(f"http://127.0.0.1:{free_port()}", timeout=2)
+    with pytest.raises(GLMConnectionError, match="cannot reach the task API .* is `openglm agent-server` running"):
+        client.get_task_status("t-1")
+    assert issubclass(GLMConnectionError, GLMClientError)
+
+
+def test_cli_against_a_server_that_is_down_prints_one_line():
+    p = _openglm("task", "status", "t-1", "--server", f"http://127.0.0.1:{free_port()}")
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "cannot reach the task API" in p.stderr
+
+
+def test_a_user_error_is_one_line_and_debug_shows_the_traceback(tmp_path):
+    missing = str(tmp_path / "no-such-repo")
+    p = _openglm("verify", missing)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and missing in p.stderr
+    debug = _openglm("--debug", "verify", missing)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
