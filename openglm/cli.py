@@ -57,14 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     return int(result or 0)
 
 
+# Error types of the areas that mean "bad input or environment", looked up only if their module was
+# imported by the command that failed (so this module imports no area).
+USER_ERROR_TYPES = [("openglm.client", "GLMClientError"), ("openglm.agent.store.base", "StoreError"),
+                    ("openglm.agent.snapshot", "SnapshotError"), ("openglm.swe.gitutil", "GitError")]
+
+
 def is_user_error(e: Exception) -> bool:
     """Bad input or environment (a missing file, a bad value, a server that is down, a refused state
-    change): worth one line. Anything else is a bug and keeps its traceback."""
-    from openglm.client import GLMClientError
-
-    store_error = getattr(sys.modules.get("openglm.agent.store.base"), "StoreError", ())
-    snapshot_error = getattr(sys.modules.get("openglm.agent.snapshot"), "SnapshotError", ())
-    return isinstance(e, (OSError, ValueError, GLMClientError, store_error, snapshot_error))
+    change, a git command that failed): worth one line. Anything else is a bug and keeps its traceback."""
+    known = tuple(getattr(sys.modules.get(module), name, None) for module, name in USER_ERROR_TYPES)
+    return isinstance(e, (OSError, ValueError, *(t for t in known if t is not None)))
 
 
 def one_line(e: Exception) -> str:

@@ -27,9 +27,19 @@ def test_cli_against_a_server_that_is_down_prints_one_line():
 
 
 def test_a_user_error_is_one_line_and_debug_shows_the_traceback(tmp_path):
-    missing = str(tmp_path / "no-such-repo")
-    p = _openglm("verify", missing)
+    missing = str(tmp_path / "instances.jsonl")
+    p = _openglm("swe-eval", "--instances", missing, "--predictions", "gold")
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and missing in p.stderr
-    debug = _openglm("--debug", "verify", missing)
+    debug = _openglm("--debug", "swe-eval", "--instances", missing, "--predictions", "gold")
     assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+def test_a_missing_repository_and_a_failing_git_command_are_one_line(tmp_path):
+    p = _openglm("repomap", str(tmp_path / "nope"))  # used to print an empty map and exit 0
+    assert p.returncode == 2 and "nope is not a directory" in p.stderr and "Traceback" not in p.stderr
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    p = _openglm("bisect", str(plain), "--good", "HEAD", "--cmd", "true")
+    assert p.returncode == 1 and "not a git repository" in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

@@ -49,6 +49,11 @@ def _build(args) -> int:
     from .code_index import CodeIndex
     from .embedder import Embedder
 
+    from pathlib import Path
+
+    if not Path(args.path).is_dir():  # before loading the embedder
+        print(f"error: repository path {args.path} does not exist or is not a directory", file=sys.stderr)
+        return 1
     try:
         embedder = Embedder(args.model, max_seq_length=args.max_seq_length)
         index, stats = CodeIndex.build(args.path, args.index, embedder=embedder, progress=sys.stderr.isatty())

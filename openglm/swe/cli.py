@@ -130,6 +130,14 @@ def cmd_swe_solve(args) -> int:
 
 
 REPO = "repository folder (a git checkout or plain folder)"
+
+
+def existing_dir(text: str) -> str:
+    import argparse
+
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a directory (give the repository folder)")
+    return text
 PYTHONPATH = "sys.path entries relative to the repo (default: src/ if present, else the repo root)"
 JSON_OUT = "write the JSON to this file (default: stdout)"
 INSTANCE_IDS = "only these instance ids (default: all)"
@@ -137,7 +145,7 @@ INSTANCE_IDS = "only these instance ids (default: all)"
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("localize", help="rank files/functions/lines for a failing test (JSON)")
-    p.add_argument("repo", help=REPO)
+    p.add_argument("repo", type=existing_dir, help=REPO)
     p.add_argument("--failing", nargs="*", help="failing test node ids (tests/test_x.py::test_y); "
                                                  "default: run the suite and use the tests that fail")
     p.add_argument("--no-run", action="store_true", help="without --failing, do not run the suite "
@@ -152,7 +160,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_localize)
 
     p = subparsers.add_parser("verify", help="compile + Pyflakes + tests with per-test results (JSON)")
-    p.add_argument("repo", help=REPO)
+    p.add_argument("repo", type=existing_dir, help=REPO)
     p.add_argument("--files", nargs="*", help="files to check (default: changed vs HEAD)")
     p.add_argument("--tests", nargs="*", help="test targets (default: the runner's discovery)")
     p.add_argument("--runner", choices=["auto", "pytest", "unittest", "none"], default="auto",
@@ -163,7 +171,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_verify)
 
     p = subparsers.add_parser("bisect", help="git bisect run automation: the first bad commit")
-    p.add_argument("repo", help="git repository")
+    p.add_argument("repo", type=existing_dir, help="git repository")
     p.add_argument("--good", required=True, help="a known-good revision")
     p.add_argument("--bad", default="HEAD", help="a known-bad revision (default %(default)s)")
     p.add_argument("--cmd", required=True, help="shell command: exit 0 = good, 125 = skip, else bad")
@@ -171,7 +179,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_bisect)
 
     p = subparsers.add_parser("repomap", help="repo map: tree, README, dependencies, tests, imports")
-    p.add_argument("repo", help=REPO)
+    p.add_argument("repo", type=existing_dir, help=REPO)
     p.add_argument("--text", action="store_true", help="the compact text form used in prompts")
     p.add_argument("--json", metavar="FILE", help=JSON_OUT)
     p.set_defaults(func=cmd_repomap)

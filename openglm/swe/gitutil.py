@@ -11,13 +11,17 @@ _IDENTITY = {"GIT_AUTHOR_NAME": "openglm", "GIT_AUTHOR_EMAIL": "openglm@localhos
              "GIT_AUTHOR_DATE": "2025-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2025-01-01T00:00:00Z"}
 
 
+class GitError(RuntimeError):
+    """A git command failed (not a repository, an unknown revision, ...): the message has git's own words."""
+
+
 def git(repo: str | Path, *args: str, input: str | None = None, check: bool = True,
         env: dict | None = None) -> str:
     proc = subprocess.run(["git", "-c", "core.autocrlf=false", *args], cwd=repo, text=True, input=input,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           env={**os.environ, **_IDENTITY, **(env or {})})
     if check and proc.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed in {repo}: {proc.stderr.strip()}")
+        raise GitError(f"git {' '.join(args)} failed in {repo}: {proc.stderr.strip()}")
     return proc.stdout
 
 

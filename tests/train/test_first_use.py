@@ -86,3 +86,13 @@ def test_leftover_temp_folders_are_pruned(tmp_path):
         (root / name / "model.safetensors").write_bytes(b"w")
     save_checkpoint(tmp_path, 4, _Model(), {"step": 4})
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_0000004"]
+
+
+def test_demo_budget_comes_from_the_environment(monkeypatch):
+    from openglm.cli import build_parser
+
+    monkeypatch.setenv("OPENGLM_DEMO_BUDGET_S", "30")
+    assert build_parser().parse_args(["demo"]).train_seconds == 30.0  # what .ci/run sets
+    assert build_parser().parse_args(["demo", "--budget-s", "12"]).train_seconds == 12.0
+    monkeypatch.delenv("OPENGLM_DEMO_BUDGET_S")
+    assert build_parser().parse_args(["demo"]).train_seconds is None  # then the 240 s default
