@@ -87,7 +87,9 @@ def _env(tmp: Path) -> dict:
     bin_dir = os.path.dirname(sys.executable)
     return {**os.environ, "HOME": str(home), "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
             "PYTHONPATH": str(ROOT), "OPENGLM_DOC_TMP": str(tmp), "MPLBACKEND": "Agg",
-            "TMPDIR": str(tmp), "PYTHONDONTWRITEBYTECODE": "1"}
+            "TMPDIR": str(tmp), "PYTHONDONTWRITEBYTECODE": "1",
+            # the examples are tiny models on a shared machine: more threads only spin
+            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def run_block(block: Block, cwd: Path, env: dict) -> subprocess.CompletedProcess:
