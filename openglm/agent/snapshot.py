@@ -254,16 +254,19 @@ class Snapshots:
 
     def _restore_modes(self, commit: str) -> None:
         target = self._load_modes(commit)
+        root = os.path.realpath(self.workspace)
         for rel in set(self._modes) | set(target):
+            full = os.path.join(root, rel)
+            if not os.path.realpath(full).startswith(root + os.sep):  # never chmod outside (a dir now a symlink)
+                continue
             try:
-                full = self.workspace / rel
                 st = os.lstat(full)
             except OSError:
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
             mode = stat.S_IMODE(st.st_mode)
-            want = target.get(rel, self._default_mode(mode))
+            want = target.get(rel, self._default_mode(mode)) & 0o7777
             if want != mode:
                 os.chmod(full, want)
         self._modes = target

@@ -131,3 +131,23 @@ def test_swe_objective_names_the_workspace(tmp_path):
 
     text = objective({"repo": "/src/original", "problem_statement": "add() is wrong"}, False, tmp_path / "repo")
     assert text.startswith(f"Resolve this issue in the repository at {tmp_path / 'repo'} ")
+
+
+def test_restoring_modes_never_follows_a_symlinked_directory_out_of_the_workspace(tmp_path, workspace):
+    (workspace / "d").mkdir()
+    (workspace / "d" / "key").write_text("k")
+    os.chmod(workspace / "d" / "key", 0o600)
+    snaps = Snapshots(workspace, tmp_path / "snap.git")
+    first = snaps.take("step 1")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "key").write_text("not yours")
+    os.chmod(outside / "key", 0o644)
+    import shutil
+
+    shutil.rmtree(workspace / "d")
+    os.symlink(outside, workspace / "d")  # the directory is now a link out of the workspace
+    snaps.take("step 2")
+    snaps.restore(first)
+    assert stat.S_IMODE((outside / "key").stat().st_mode) == 0o644
+    assert stat.S_IMODE((workspace / "d" / "key").stat().st_mode) == 0o600 and not (workspace / "d").is_symlink()
