@@ -5,7 +5,7 @@ from types import SimpleNamespace
 from agentkit import ScriptedModel, fast_config, worker
 
 from openglm.agent import service
-from openglm.agent.models import ModelError
+from openglm.agent.llm import ModelError
 from openglm.agent.resilience.hooks import _TaskMonitor
 
 
