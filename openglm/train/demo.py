@@ -79,7 +79,8 @@ def calibrate_steps(trainer, seconds: float, cap: int, floor: int = 20) -> int:
     trainer.batcher.load_state_dict(position)
     per_step = min(times[1:]) * cfg.grad_accum * 1.1  # + optimizer step and telemetry
     steps = max(floor, min(cap, int(seconds / per_step)))
-    _say(f"calibration: {per_step:.2f}s per step here -> {steps} steps for ~{seconds / 60:.0f} min of training")
+    span = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    _say(f"calibration: {per_step:.2f}s per step here -> {steps} steps for ~{span} of training")
     return steps
 
 
