@@ -16,7 +16,7 @@ from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
-from openglm.agent import service
+from openglm.agent import dashboard, service
 from openglm.agent.config import AgentConfig
 from openglm.agent.store import StateConflict, TaskNotFound, open_store
 from openglm.agent.task import ConstraintError, TaskState
@@ -45,16 +45,24 @@ def check_bind(host: str, token: str | None) -> None:
                          "(set --token or OPENGLM_AGENT_TOKEN)")
 
 
-def create_app(config: AgentConfig, store=None, token: str | None = None) -> FastAPI:
+def create_app(config: AgentConfig, store=None, token: str | None = None, view_token: str | None = None) -> FastAPI:
+    """`view_token` (optional) is a read-only key: GET routes only (the dashboard without its controls)."""
     store = store or open_store(config.store_url)
     app = FastAPI(title="openglm agent", version="1")
     app.state.store = store
 
     @app.middleware("http")
     async def bearer(request: Request, call_next):
-        if token and request.url.path.startswith("/v1"):
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        request.state.control = True
+        if (token or view_token) and request.url.path.startswith("/v1"):
+            given = request.headers.get("authorization", "").encode()
+            if token and secrets.compare_digest(given, f"Bearer {token}".encode()):
+                pass
+            elif view_token and secrets.compare_digest(given, f"Bearer {view_token}".encode()):
+                request.state.control = False
+                if request.method not in ("GET", "HEAD"):
+                    return JSONResponse({"detail": "this key is read-only"}, status_code=403)
+            else:
                 return JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401,
                                     headers={"WWW-Authenticate": "Bearer"})
         return await call_next(request)
@@ -139,6 +147,7 @@ def create_app(config: AgentConfig, store=None, token: str | None = None) -> Fas
 
         return Response(METRICS.render(), media_type="text/plain; version=0.0.4")
 
+    dashboard.mount(app, store, config)  # pages at /ui/, their data at /v1/dash/ (openglm.agent.dashboard)
     return app
 
 

@@ -103,6 +103,19 @@ def cmd_action(args):
         _print(getattr(client, args.action)(args.task_id))
 
 
+def cmd_export_html(args):
+    from pathlib import Path
+
+    from openglm.agent.dashboard.export import render
+
+    out = Path(args.out or f"{args.task_id}.html")
+    try:
+        out.write_text(render(_client(args).trajectory(args.task_id)), encoding="utf-8")
+    except OSError as e:
+        raise SystemExit(f"cannot write {out}: {e.strerror}") from None
+    print(out)
+
+
 def cmd_list(args):
     for t in _client(args).list_tasks():
         print(f"{t['id']}  {t['state']:<12} step {t['step']:<4} {t['objective'][:60]}")
@@ -111,7 +124,11 @@ def cmd_list(args):
 def cmd_agent_server(args):
     from openglm.agent.server import serve
 
-    serve(_load_config(args), host=args.host, port=args.port, workers=args.workers, token=args.token)
+    try:
+        serve(_load_config(args), host=args.host, port=args.port, workers=args.workers, token=args.token,
+              view_token=args.view_token)
+    except ValueError as e:  # refused configuration (non-loopback without a token, ...): one line
+        raise SystemExit(f"error: {e}") from None
 
 
 def cmd_worker(args):
@@ -156,12 +173,19 @@ def register(subparsers):
     p.add_argument("task_id")
     p.add_argument("step", type=int)
 
+    p = add("export-html", "write a task's trajectory as one self-contained (offline) HTML file", cmd_export_html)
+    p.add_argument("task_id")
+    p.add_argument("--out", "-o", help="output file (default: <task_id>.html in the current folder)")
+
     p = subparsers.add_parser("agent-server", help="serve the task API with embedded workers")
     _config_args(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--workers", type=int, default=1, help="embedded workers (0: API only)")
     p.add_argument("--token", default=None, help="bearer token (or OPENGLM_AGENT_TOKEN); required off loopback")
+    p.add_argument("--view-token", default=None,
+                   help="read-only bearer token (or OPENGLM_AGENT_VIEW_TOKEN): GET routes and the dashboard "
+                        "without its controls (default: none)")
     p.set_defaults(func=cmd_agent_server)
 
     p = subparsers.add_parser("worker", help="an extra worker for a shared store (e.g. redis://...)")

@@ -167,6 +167,7 @@ class TaskRun:
     def _run_tool(self, name, args) -> ToolResult:
         return self.toolbox.call(name, args, timeout=self.ctx.remaining_s,
                                  pidfile=running_pidfile(self.snapshots.git_dir.parent),
+                                 output_file=live_output_file(self.snapshots.git_dir.parent),
                                  should_stop=lambda: self.ctx.control == "cancel" or self.ctx.lease_lost)
 
     def check_deliverables(self) -> dict:
@@ -219,6 +220,11 @@ class TaskRun:
 def running_pidfile(task_dir) -> str:
     """Where a run records the process group of the command it is running (the task dir holds snapshots.git)."""
     return os.path.join(task_dir, "running.pgid")
+
+
+def live_output_file(task_dir) -> str:
+    """Where the running command's output appears as it is produced (the dashboard streams it)."""
+    return os.path.join(task_dir, "running.out")
 
 
 def kill_leftover_commands(task_dir) -> None:

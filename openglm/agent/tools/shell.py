@@ -51,11 +51,16 @@ class ShellResult:
         return f"[{status}]\n{self.output}"
 
 
-def _reader(stream, buf: list, cap: int):
+LIVE_CAP = 4 << 20  # bytes of live output kept on disk; past it the file restarts (the tail stays visible)
+
+
+def _reader(stream, buf: list, cap: int, live=None):
     # Keep the first `cap` bytes and a rolling tail of `cap` bytes; count the rest.
     head, tail, total = bytearray(), bytearray(), 0
     for chunk in iter(lambda: stream.read1(65536), b""):
         total += len(chunk)
+        if live is not None:
+            _publish(live, chunk)
         if len(head) < cap:
             take = cap - len(head)
             head += chunk[:take]
@@ -66,17 +71,29 @@ def _reader(stream, buf: list, cap: int):
     buf[:] = [bytes(head), bytes(tail), total]
 
 
+def _publish(live, chunk: bytes):
+    """Append output as it arrives to the live-output file (read by the dashboard while the command runs)."""
+    if live.tell() + len(chunk) > LIVE_CAP:
+        live.seek(0)
+        live.truncate()
+        live.write(b"[... earlier output dropped from the live view ...]\n")
+    live.write(chunk)
+    live.flush()
+
+
 def run_shell(command: str, cwd: str, timeout: float = 600.0, limiter: ResourceLimiter | None = None,
-              max_output: int = 20000, should_stop=lambda: False, pidfile=None) -> ShellResult:
+              max_output: int = 20000, should_stop=lambda: False, pidfile=None, output_file=None) -> ShellResult:
     """`pidfile` (optional) holds the command's process-group id while it runs, so a worker that
-    resumes after a SIGKILL can kill a command its dead predecessor left running."""
+    resumes after a SIGKILL can kill a command its dead predecessor left running. `output_file`
+    (optional) receives the output as it arrives (a fresh file per command)."""
     limiter = limiter or ResourceLimiter(None)
     start = time.monotonic()
     proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=scrubbed_env(), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=_preexec(os.getpid(), pidfile, limiter))
     buf: list = []
-    reader = threading.Thread(target=_reader, args=(proc.stdout, buf, max_output), daemon=True)
+    live = open(output_file, "wb") if output_file else None
+    reader = threading.Thread(target=_reader, args=(proc.stdout, buf, max_output, live), daemon=True)
     reader.start()
     killed, next_mem_check = "", 0.0
     while proc.poll() is None:
@@ -102,6 +119,8 @@ def run_shell(command: str, cwd: str, timeout: float = 600.0, limiter: ResourceL
         except FileNotFoundError:
             pass
     reader.join(5)
+    if live is not None:
+        live.close()
     head, tail, total = buf or [b"", b"", 0]
     omitted = total - len(head) - len(tail)
     text = (head + tail).decode("utf-8", "replace") if omitted <= 0 else (
