@@ -71,7 +71,7 @@ def trajectory_of(store, config: AgentConfig, task_id: str) -> dict:
 
 
 def mount(app: FastAPI, store, config: AgentConfig) -> Hub:
-    """Add the dashboard to the task API app; returns its hub (started on first use)."""
+    """Add the dashboard to the task API app; returns its hub (started with the server, or on first use)."""
     hub = Hub(store)
     limits = thresholds(config)
     r = APIRouter(prefix="/v1/dash")
@@ -178,6 +178,9 @@ def mount(app: FastAPI, store, config: AgentConfig) -> Hub:
         return RedirectResponse("/ui/")
 
     app.mount("/ui", StaticFiles(directory=STATIC, html=True), name="dashboard")
+    # from the server's start, so the resource graphs have history when someone first looks
+    app.router.on_startup.append(hub.start)
+    app.router.on_shutdown.append(hub.stop)
     app.state.dashboard = hub
     return hub
 
