@@ -20,6 +20,7 @@ from openglm.server.errors import APIError, validation_message
 from openglm.server.metrics import ServerMetrics
 from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
 from openglm.server.serving import OpenAIServing
+from openglm.server.status_page import register as register_status_page
 
 def create_app(engine, model_name: str, api_key: str | None = None, max_queue: int | None = None) -> FastAPI:
     metrics = ServerMetrics()
@@ -99,4 +100,5 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_queue: i
         return await serving.chat(req, request)
 
     app.include_router(v1)
+    register_status_page(app, metrics, v1.dependencies)  # /status page, its data at /v1/status
     return app

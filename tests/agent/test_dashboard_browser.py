@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from agent_testkit import AgentServer, call, turn, write_script
-from dashboard_browser import PHONE, WIDE, RequestLog, launch
+from browser import PHONE, WIDE, RequestLog, launch
 from playwright import sync_api as playwright_api
 from testutil import free_port
 

@@ -132,7 +132,7 @@ D.bar = function (used, label) {
 // A line chart as inline SVG: series of [t, v] points, a threshold line (dashed, red) and event
 // markers (e.g. the monitor's crossings). Tiny by design: no library, nothing fetched.
 D.chart = function ({ title, unit = "", series, threshold = null, markers = [], fmt = (v) => v.toFixed(1) }) {
-  const W = 600, H = 170, L = 48, R = 10, T = 10, B = 24;
+  const W = 600, H = 180, L = 56, R = 10, T = 10, B = 24;
   const pts = series.flatMap((s) => s.points);
   const mk = markers.filter((m) => m.v !== null && m.v !== undefined && isFinite(m.v));
   const ts = pts.map((p) => p[0]).concat(mk.map((m) => m.t));
@@ -155,16 +155,16 @@ D.chart = function ({ title, unit = "", series, threshold = null, markers = [], 
   svg.append(node("title", {}, label));
   svg.append(node("rect", { x: L, y: T, width: W - L - R, height: H - T - B, fill: "#fbfcfd", stroke: "#d9dee6" }));
   for (const v of [v0, (v0 + v1) / 2, v1]) {
-    svg.append(node("text", { x: L - 4, y: y(v) + 4, "text-anchor": "end", "font-size": 11, fill: "#5d6778" }, fmt(v)));
+    svg.append(node("text", { x: L - 4, y: y(v) + 4, "text-anchor": "end", "font-size": 13, fill: "#5d6778" }, fmt(v)));
   }
   if (ts.length) {
-    svg.append(node("text", { x: L, y: H - 6, "font-size": 11, fill: "#5d6778" }, D.clock(t0)));
-    svg.append(node("text", { x: W - R, y: H - 6, "font-size": 11, fill: "#5d6778", "text-anchor": "end" }, D.clock(t1)));
+    svg.append(node("text", { x: L, y: H - 6, "font-size": 13, fill: "#5d6778" }, D.clock(t0)));
+    svg.append(node("text", { x: W - R, y: H - 6, "font-size": 13, fill: "#5d6778", "text-anchor": "end" }, D.clock(t1)));
   }
   if (threshold) {
     const ty = y(threshold.value);
     svg.append(node("line", { x1: L, x2: W - R, y1: ty, y2: ty, stroke: "#b3261e", "stroke-dasharray": "6 4", "stroke-width": 1.5, class: "threshold" }));
-    svg.append(node("text", { x: W - R - 4, y: ty - 4, "text-anchor": "end", "font-size": 11, fill: "#b3261e" }, threshold.label));
+    svg.append(node("text", { x: W - R - 4, y: ty - 4, "text-anchor": "end", "font-size": 13, fill: "#b3261e" }, threshold.label));
   }
   for (const s of series) {
     if (!s.points.length) continue;
