@@ -94,6 +94,6 @@ def summary(task: Task, digest: Digest, now: float | None = None) -> dict:
         "last_activity": {"ts": digest.last_event_ts or task.updated_at, "kind": digest.last_event_kind},
         "cost": {"prompt_tokens": task.prompt_tokens, "completion_tokens": task.completion_tokens,
                  "tokens": tokens, "max_tokens": max_tokens},
-        "alerts": (active + alerts[-5:])[::-1], "alert_count": len(active) + len(alerts),
+        "alerts": active + alerts[-5:][::-1],  # still-crossed thresholds first, then the newest "alert_count": len(active) + len(alerts),
         "resources": task.resources,
     }

@@ -132,9 +132,9 @@ def mount(app: FastAPI, store, config: AgentConfig) -> Hub:
             idle = 0.0
             done = TaskState(task.state) in TERMINAL
             while not await request.is_disconnected():
-                reset, text = tail.poll()
-                if reset:
-                    yield _sse("reset", {})
+                started, text = tail.poll()
+                if started is not None:
+                    yield _sse("reset", started)
                 if text:
                     idle = 0.0
                     yield _sse("output", {"text": text})

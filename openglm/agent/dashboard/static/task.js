@@ -267,7 +267,7 @@ async function start() {
   });
   const out = $("live-output");
   D.stream(() => `/v1/dash/tasks/${encodeURIComponent(ID)}/output`, (kind, d) => {
-    if (kind === "reset") out.textContent = "";
+    if (kind === "reset") out.textContent = `$ ${d.command}${d.started ? `   (started ${D.time(d.started)})` : ""}\n`;
     else if (kind === "output") {
       const stick = out.scrollTop + out.clientHeight >= out.scrollHeight - 4;
       out.textContent = (out.textContent + d.text).slice(-200000);
