@@ -46,11 +46,11 @@ def test_digest_alerts_phase_budget_and_time_left():
     d.fold([ev(1, "phase", {"phase": "design", "data": {"phase_steps": 3, "phase_started_s": 40.0,
                                                           "budget": {"steps": 12, "minutes": 30}}}),
             ev(2, "step_committed", {"snapshot": "abc"}),
-            ev(3, "resource_threshold_crossed", {"metric": "cpu_percent", "value": 97.0, "limit": 85.0}),
-            ev(4, "resource_threshold_crossed", {"metric": "disk_free_bytes", "value": 1.0, "limit": 5.0}),
-            ev(5, "resource_threshold_cleared", {"metric": "disk_free_bytes", "value": 9.0, "limit": 5.0}),
-            ev(6, "recovery_escalation", {"level": 3, "error_class": "verification_failed", "cause": "tests broke"}),
-            ev(7, "state", {"state": "NEEDS_INPUT", "reason": "A or B?"})])
+            ev(3, "state", {"state": "NEEDS_INPUT", "reason": "A or B?"}),
+            ev(4, "resource_threshold_crossed", {"metric": "cpu_percent", "value": 97.0, "limit": 85.0}),
+            ev(5, "resource_threshold_crossed", {"metric": "disk_free_bytes", "value": 1.0, "limit": 5.0}),
+            ev(6, "resource_threshold_cleared", {"metric": "disk_free_bytes", "value": 9.0, "limit": 5.0}),
+            ev(7, "recovery_escalation", {"level": 3, "error_class": "verification_failed", "cause": "tests broke"})])
     task = Task(id="t-1", objective="x", workspace="/w", constraints={"timeout": "1h", "max_tokens": 1000},
                 state="NEEDS_INPUT", active_s=100.0, step=4, prompt_tokens=70, completion_tokens=30)
     row = summary(task, d, now=2000.0)
@@ -61,8 +61,13 @@ def test_digest_alerts_phase_budget_and_time_left():
     texts = [a["text"] for a in row["alerts"]]
     assert texts[0] == "cpu_percent 97 past 85"  # still crossed; the cleared disk alert is gone
     assert not any("disk_free" in t for t in texts)
-    assert "NEEDS_INPUT: A or B?" in texts[1] and "recovery L3 for verification_failed" in texts[2]
-    assert row["last_activity"] == {"ts": 1007.0, "kind": "state"} and d.after == 7
+    assert "recovery L3 for verification_failed" in texts[1] and "NEEDS_INPUT: A or B?" in texts[2]  # newest first
+    assert row["last_activity"] == {"ts": 1007.0, "kind": "recovery_escalation"} and d.after == 7
+    assert row["alerts"][0]["metric"] == "cpu_percent" and row["alerts"][0]["value"] == 97.0  # the page formats it
+    d.fold([ev(8, "answer", {"answer": "A", "question": "A or B?"})])
+    assert not any("NEEDS_INPUT" in a["text"] for a in summary(task, d, now=2000.0)["alerts"])
+    d.fold([ev(9, "state", {"state": "PAUSED", "reason": "paused by request"})])  # the run (and its monitor) ended
+    assert not any(a["kind"] == "threshold" for a in summary(task, d, now=2000.0)["alerts"])
 
 
 def test_summary_of_a_record_with_bad_constraints_still_renders():

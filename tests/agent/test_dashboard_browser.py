@@ -224,6 +224,8 @@ def test_pages_at_desktop_and_phone_width_with_named_controls(dash, pw):
     shots = os.environ.get("OPENGLM_DASH_SCREENSHOTS")
     tid = dash.leak
     wait_until(lambda: task(dash, tid)["state"] == "SUCCEEDED", 60, "the leaking task to finish")
+    running = submit(dash, "nightly build", [turn(call("bash", command=ticks("N", 200)))], timeout="2h")
+    wait_until(lambda: task(dash, running)["state"] == "RUNNING", 30, "a running task")
     pages = {"tasks": "/ui/", "task": f"/ui/task.html?id={tid}", "trajectory": f"/ui/trajectory.html?id={tid}"}
     for size, viewport in (("desktop", WIDE), ("phone", PHONE)):
         context = pw.new_context(viewport=viewport, timezone_id="Asia/Shanghai")
@@ -241,3 +243,5 @@ def test_pages_at_desktop_and_phone_width_with_named_controls(dash, pw):
                 Path(shots).mkdir(parents=True, exist_ok=True)
                 pg.screenshot(path=f"{shots}/dashboard-{name}-{size}.png", full_page=size == "desktop")
         context.close()
+    assert dash.http.post(f"/v1/tasks/{running}/cancel").status_code == 200  # also kills its command
+    wait_until(lambda: task(dash, running)["state"] == "CANCELLED", 30, "the cancel")

@@ -41,18 +41,24 @@ class Digest:
                 self.crossed.pop(d.get("metric", "?"), None)
             elif e.kind == "resource_monitor_action":
                 self._alert(e, "warning", f"{d.get('metric')}={_short(d.get('value'))} over {_short(d.get('limit'))}: "
-                                          f"{d.get('action')} ({d.get('outcome', '')})")
+                                          f"{d.get('action')} ({d.get('outcome', '')})",
+                            metric=d.get("metric"), value=d.get("value"), limit=d.get("limit"),
+                            action=f"{d.get('action')} ({d.get('outcome', '')})")
+            elif e.kind == "answer":  # the question is answered: its alert is history
+                self.alerts = deque((a for a in self.alerts if a["level"] != "input"), maxlen=MAX_ALERTS)
             elif e.kind == "recovery_escalation":
                 self._alert(e, "warning", f"recovery L{d.get('level')} for {d.get('error_class')}: {d.get('cause', '')}")
             elif e.kind == "budget_exhausted":
                 self._alert(e, "error", f"budget exhausted: {d}")
-            elif e.kind == "state" and d.get("state") in ("FAILED", "TIMED_OUT", "NEEDS_INPUT"):
+            elif e.kind == "state" and d.get("state") != "QUEUED":  # the run ended: its monitor with it
+                self.crossed.clear()
+            if e.kind == "state" and d.get("state") in ("FAILED", "TIMED_OUT", "NEEDS_INPUT"):
                 self._alert(e, "error" if d["state"] != "NEEDS_INPUT" else "input",
                             f"{d['state']}: {d.get('reason', '')}")
 
-    def _alert(self, e, level: str, text: str):
+    def _alert(self, e, level: str, text: str, **reading):
         self.alerts.append({"ts": e.ts, "seq": e.seq, "step": e.step, "level": level, "kind": e.kind,
-                            "text": text[:300]})
+                            "text": text[:300], **reading})
 
 
 def _short(x):
@@ -82,7 +88,8 @@ def summary(task: Task, digest: Digest, now: float | None = None) -> dict:
     tokens = task.prompt_tokens + task.completion_tokens
     alerts = list(digest.alerts)
     active = [{"ts": x["ts"], "level": "warning", "kind": "threshold", "step": None, "seq": None,
-               "text": f"{m} {_short(x.get('value'))} past {_short(x.get('limit'))}"} for m, x in digest.crossed.items()]
+               "text": f"{m} {_short(x.get('value'))} past {_short(x.get('limit'))}", "metric": m,
+               "value": x.get("value"), "limit": x.get("limit"), "action": "crossed"} for m, x in digest.crossed.items()]
     return {
         "id": task.id, "objective": task.objective[:300], "state": task.state, "reason": task.reason[:300],
         "control": task.control, "worker": task.worker, "created_at": task.created_at, "updated_at": task.updated_at,

@@ -121,6 +121,16 @@ D.bytes = function (b) {
   while (Math.abs(b) >= 1024 && i < u.length - 1) { b /= 1024; i++; }
   return `${b.toFixed(b < 10 && i ? 1 : 0)} ${u[i]}`;
 };
+// A monitor reading in the unit its graph uses (the monitor reports bytes, bytes/s, percent, seconds).
+D.human = function (metric, v) {
+  if (typeof v !== "number") return String(v);
+  if (metric.startsWith("rss_growth")) return `${(v * 60 / 1048576).toFixed(1)} MB/min`;
+  if (metric.endsWith("_bytes")) return D.bytes(v);
+  if (metric.endsWith("_percent")) return `${v.toFixed(0)}%`;
+  if (metric.endsWith("_s")) return `${v.toFixed(2)} s`;
+  return String(+v.toPrecision(4));
+};
+D.alertText = (a) => a.metric ? `${a.metric} ${D.human(a.metric, a.value)} over ${D.human(a.metric, a.limit)}: ${a.action}` : a.text;
 D.num = (n) => (n === null || n === undefined) ? "—" : Number(n).toLocaleString();
 D.badge = (state) => D.el("span", { class: `badge s-${state}` }, state);
 D.bar = function (used, label) {

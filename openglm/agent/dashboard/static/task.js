@@ -148,16 +148,6 @@ function marks(metric, scale) {
   }));
 }
 
-// A reading in the unit its graph uses (the monitor reports bytes and bytes/s).
-function human(metric, v) {
-  if (typeof v !== "number") return String(v);
-  if (metric.startsWith("rss_growth")) return `${(v * 60 / MB).toFixed(1)} MB/min`;
-  if (metric.endsWith("_bytes")) return D.bytes(v);
-  if (metric.endsWith("_percent")) return `${v.toFixed(0)}%`;
-  if (metric.endsWith("_s")) return `${v.toFixed(2)} s`;
-  return String(+v.toPrecision(4));
-}
-
 function renderCharts() {
   const th = S.thresholds, lim = (m, k) => th[m] ? { value: th[m].limit * k, label: `${th[m].floor ? "min" : "limit"} ${+(th[m].limit * k).toFixed(2)}` } : null;
   const cpuKey = series("cpu_percent").length ? "cpu_percent" : "worker_cpu_percent";
@@ -179,8 +169,8 @@ function renderCharts() {
   $("charts").replaceChildren(...charts);
   const alerts = S.marks.slice(-20).reverse();
   $("res-alerts").replaceChildren(D.el("strong", {}, "Resource alerts: "), ...(alerts.length ? alerts.map((m) =>
-    D.el("div", { class: "alert error", "data-metric": m.metric }, `${D.time(m.t)} — ${m.metric} = ${human(m.metric, m.value)} ` +
-      `(limit ${human(m.metric, m.limit)}): ${m.kind === "resource_monitor_action" ? `action ${m.action} — ${m.outcome || ""}` : "threshold crossed"}`))
+    D.el("div", { class: "alert error", "data-metric": m.metric }, `${D.time(m.t)} — ${m.metric} = ${D.human(m.metric, m.value)} ` +
+      `(limit ${D.human(m.metric, m.limit)}): ${m.kind === "resource_monitor_action" ? `action ${m.action} — ${m.outcome || ""}` : "threshold crossed"}`))
     : [D.el("span", { class: "muted" }, "none")]));
 }
 

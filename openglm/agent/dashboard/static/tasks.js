@@ -35,13 +35,13 @@ function render() {
   const body = document.querySelector("#tasks tbody");
   body.replaceChildren(...list.map((r) => {
     const tr = D.el("tr", { "data-task": r.id, "data-step": r.steps.committed, class: fresh.has(r.id) ? "flash" : null },
-      D.el("td", { "data-label": "Task" }, D.el("a", { href: `task.html?id=${encodeURIComponent(r.id)}` }, r.id),
+      D.el("td", { "data-label": "Task" }, D.el("a", { href: `task.html?id=${encodeURIComponent(r.id)}`, class: "nowrap" }, r.id),
         D.el("div", { class: "muted" }, r.objective)),
       D.el("td", { "data-label": "State" }, D.badge(r.state), r.control ? D.el("div", { class: "muted" }, `${r.control} requested`) : null,
         r.reason ? D.el("div", { class: "muted" }, r.reason) : null),
       D.el("td", { "data-label": "Phase" }, phaseCell(r)),
       D.el("td", { "data-label": "Time budget" }, timeCell(r)),
-      D.el("td", { "data-label": "Steps", class: "steps" }, `${r.steps.committed} of max ${r.steps.max}`,
+      D.el("td", { "data-label": "Steps", class: "steps" }, `${r.steps.committed} / ${r.steps.max}`,
         D.el("div", { class: "muted" }, `${r.steps.model_calls} model calls`)),
       D.el("td", { "data-label": "Last activity" }, D.el("span", { title: D.time(r.last_activity.ts) }, D.ago(r.last_activity.ts)),
         D.el("div", { class: "muted" }, r.last_activity.kind || "")),
@@ -49,7 +49,7 @@ function render() {
         D.el("div", { class: "muted" }, `${D.num(r.cost.prompt_tokens)} in / ${D.num(r.cost.completion_tokens)} out` +
           (r.cost.max_tokens ? ` (cap ${D.num(r.cost.max_tokens)})` : ""))),
       D.el("td", { "data-label": "Alerts", class: "alerts" }, r.alerts.length ? r.alerts.slice(0, 3).map((a) =>
-        D.el("div", { class: `alert ${a.level}`, title: D.time(a.ts) }, a.text)) : D.el("span", { class: "muted" }, "none")));
+        D.el("div", { class: `alert ${a.level}`, title: D.time(a.ts) }, D.alertText(a))) : D.el("span", { class: "muted" }, "none")));
     return tr;
   }));
   fresh.clear();
