@@ -1,6 +1,5 @@
 """The dashboard's data (digest, trajectory, snapshot diff, live output) and its access rules, without a browser."""
 
-import os
 import re
 import threading
 import time

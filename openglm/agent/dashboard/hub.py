@@ -1,5 +1,5 @@
 """One poller per server feeding every open dashboard: however many browsers watch, the store is
-read once per interval (tasks list + new events only), and each browser's stream waits on a condition.
+read once per interval (tasks list + new events only); each browser's stream looks at the rows in memory.
 
 It also keeps the history of each task's resource readings (the heartbeat writes only the latest
 into the task record) for the resource graphs: up to `HISTORY` samples per task, in memory.
@@ -27,17 +27,19 @@ class Hub:
         self.history: dict[str, deque] = {}
         self._seen_updates: dict[str, float] = {}
         self.version = 0
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.error = ""
 
     def start(self) -> "Hub":
-        with self.cond:
-            if self._thread is None:
-                self.refresh()
+        with self.lock:
+            started = self._thread is not None
+            if not started:
                 self._thread = threading.Thread(target=self._run, daemon=True, name="dashboard-hub")
-                self._thread.start()
+        if not started:  # the first caller fills the rows before the poller takes over
+            self._refresh_once()
+            self._thread.start()
         return self
 
     def stop(self):
@@ -45,11 +47,14 @@ class Hub:
 
     def _run(self):
         while not self._stop.wait(self.interval):
-            try:
-                self.refresh()
-                self.error = ""
-            except Exception as e:  # a store hiccup: the page shows it; the next round retries
-                self.error = f"{type(e).__name__}: {e}"
+            self._refresh_once()
+
+    def _refresh_once(self):
+        try:
+            self.refresh()
+            self.error = ""
+        except Exception as e:  # a store hiccup: the page shows it; the next round retries
+            self.error = f"{type(e).__name__}: {e}"
 
     def refresh(self) -> None:
         now = time.time()
@@ -65,27 +70,23 @@ class Hub:
             old = self.rows.get(task.id)
             if old is None or _differs(old, row):
                 changed[task.id] = row
-        with self.cond:
-            if changed:
+        if changed:
+            with self.lock:
                 self.version += 1
                 for tid, row in changed.items():
                     self.rows[tid], self.stamps[tid] = row, self.version
-            self.cond.notify_all()
 
     def _record(self, task_id: str, ts: float, readings: dict):
         sample = {"ts": ts, **{k: readings[k] for k in READING_KEYS if isinstance(readings.get(k), (int, float))}}
         self.history.setdefault(task_id, deque(maxlen=HISTORY)).append(sample)
 
-    def changes_since(self, version: int, timeout: float) -> tuple[int, list[dict]]:
-        """Block until some row changes after `version` (or `timeout`); returns (new version, changed rows)."""
-        with self.cond:
-            if self.version <= version:
-                self.cond.wait(timeout)
-            rows = [self.rows[t] for t, v in self.stamps.items() if v > version]
-            return self.version, rows
+    def changes_since(self, version: int) -> tuple[int, list[dict]]:
+        """(the current version, the rows that changed after `version`): an in-memory look, no store access."""
+        with self.lock:
+            return self.version, [self.rows[t] for t, v in self.stamps.items() if v > version]
 
     def rows_sorted(self) -> list[dict]:
-        with self.cond:
+        with self.lock:
             return sorted(self.rows.values(), key=lambda r: r["created_at"], reverse=True)
 
 

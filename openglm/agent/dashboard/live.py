@@ -11,7 +11,7 @@ import codecs
 import os
 import re
 
-CHUNK = 64 << 10  # bytes read per poll at most (a fast command's output arrives over several polls)
+CHUNK = 256 << 10  # bytes read per poll at most (a fast command's output arrives over several polls)
 _HEADER = re.compile(rb"^\[(\d+(?:\.\d+)?)\] \$ (.*)$")
 
 

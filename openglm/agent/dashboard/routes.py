@@ -46,6 +46,30 @@ def thresholds(config: AgentConfig) -> dict:
     return out
 
 
+def _stream(request: Request, poll, interval: float, first=()) -> StreamingResponse:
+    """SSE: `first`, then what `poll()` returns every `interval` s, until the client leaves or `poll`
+    returns None; a comment after 15 quiet seconds keeps proxies from closing the stream."""
+
+    async def frames():
+        for frame in first:
+            yield frame
+        quiet = 0.0
+        while not await request.is_disconnected():
+            out = poll()
+            if out is None:
+                yield _sse("end", {})
+                return
+            for frame in out:
+                yield frame
+            quiet = 0.0 if out else quiet + interval
+            if quiet >= 15:
+                quiet = 0.0
+                yield ": keep-alive\n\n"
+            await asyncio.sleep(interval)
+
+    return StreamingResponse(frames(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
 def _sse(kind: str, data) -> str:
     return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False, default=str)}\n\n"
 
@@ -88,23 +112,18 @@ def mount(app: FastAPI, store, config: AgentConfig) -> Hub:
     @r.get("/stream")
     async def stream(request: Request):
         await asyncio.to_thread(hub.start)
+        version = hub.version
+        first = [_sse("rows", {"rows": hub.rows_sorted(), "version": version, "full": True})]
 
-        async def events():
-            version, rows = hub.version, hub.rows_sorted()
-            yield _sse("rows", {"rows": rows, "version": version, "full": True})
-            idle = 0.0
-            while not await request.is_disconnected():
-                new_version, changed = hub.changes_since(version, 0)
-                if changed:
-                    version, idle = new_version, 0.0
-                    yield _sse("rows", {"rows": changed, "version": version, "error": hub.error})
-                elif idle >= 15:
-                    idle = 0.0
-                    yield ": keep-alive\n\n"
-                await asyncio.sleep(0.25)
-                idle += 0.25
+        def poll():
+            nonlocal version
+            new_version, changed = hub.changes_since(version)
+            if not changed:
+                return []
+            version = new_version
+            return [_sse("rows", {"rows": changed, "version": version, "error": hub.error})]
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+        return _stream(request, poll, 0.25, first)
 
     @r.get("/tasks/{task_id}")
     def task_view(task_id: str):
@@ -128,27 +147,15 @@ def mount(app: FastAPI, store, config: AgentConfig) -> Hub:
         task = await asyncio.to_thread(store.get_task, task_id)
         tail = Tail(live_output_file(config.task_dir(task_id)))
 
-        async def events():
-            idle = 0.0
-            done = TaskState(task.state) in TERMINAL
-            while not await request.is_disconnected():
-                started, text = tail.poll()
-                if started is not None:
-                    yield _sse("reset", started)
-                if text:
-                    idle = 0.0
-                    yield _sse("output", {"text": text})
-                    continue
-                if done:
-                    yield _sse("end", {})
-                    return
-                if idle >= 15:
-                    idle = 0.0
-                    yield ": keep-alive\n\n"
-                await asyncio.sleep(0.2)
-                idle += 0.2
+        done = TaskState(task.state) in TERMINAL  # a finished task's output is read once, then the stream ends
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers=SSE_HEADERS)
+        def poll():
+            started, text = tail.poll()
+            frames = ([_sse("reset", started)] if started is not None else []) + (
+                [_sse("output", {"text": text})] if text else [])
+            return frames or (None if done else [])
+
+        return _stream(request, poll, 0.2)
 
     @r.get("/tasks/{task_id}/diff")
     def diff(task_id: str, step: int):
