@@ -14,7 +14,7 @@ from openglm.agent.dashboard import export, trajectory
 from openglm.agent.dashboard.diff import snapshot_vs_workspace
 from openglm.agent.dashboard.digest import Digest, summary
 from openglm.agent.dashboard.live import Tail
-from openglm.agent.default_policy import ToolCallingPolicy
+from openglm.agent.policy import ToolCallingPolicy
 from openglm.agent.state import rebuild
 from openglm.agent.store.base import Event
 from openglm.agent.store.sqlite_store import SQLiteStore

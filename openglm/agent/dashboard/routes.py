@@ -23,8 +23,8 @@ from openglm.agent.dashboard import export, trajectory
 from openglm.agent.dashboard.diff import DiffError, snapshot_vs_workspace
 from openglm.agent.dashboard.hub import Hub
 from openglm.agent.dashboard.live import Tail
-from openglm.agent.default_policy import ToolCallingPolicy
-from openglm.agent.loop import live_output_file
+from openglm.agent.policy import ToolCallingPolicy
+from openglm.agent.process import live_output_file
 from openglm.agent.resilience import ResilienceConfig
 from openglm.agent.state import rebuild
 from openglm.agent.task import TERMINAL, ConstraintError, TaskState
