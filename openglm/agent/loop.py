@@ -141,7 +141,8 @@ class TaskRun:
         t.completion_tokens += response.completion_tokens
         t.model_calls += 1
         self._append([(k, n, d) for k, d in pre] + [
-            ("model_request", n, {"messages": len(messages), "model": getattr(self.model, "name", "")}),
+            ("model_request", n, {"messages": len(messages), "model": getattr(self.model, "name", ""),
+                                  **_added_messages(messages, self.state.messages())}),
             ("model_response", n, {"response": response.to_dict(), "latency_s": round(latency, 4),
                                    "prompt_tokens": response.prompt_tokens,
                                    "completion_tokens": response.completion_tokens})],
@@ -216,3 +217,10 @@ class TaskRun:
         self._append(events, fields)
         return state
 
+
+def _added_messages(messages: list[dict], conversation: list[dict]) -> dict:
+    """What the policy sent beyond the conversation the log rebuilds (e.g. a phase prompt), so the
+    trajectory viewer can show the prompt exactly as sent; a rewritten prompt is only flagged."""
+    if len(messages) >= len(conversation) and messages[:len(conversation)] == conversation:
+        return {"added": messages[len(conversation):]} if len(messages) > len(conversation) else {}
+    return {"rewritten": True}

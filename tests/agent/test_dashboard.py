@@ -42,8 +42,8 @@ def ev(seq, kind, data, step=1, ts=None):
 
 def test_digest_alerts_phase_budget_and_time_left():
     d = Digest()
-    d.fold([ev(1, "phase", {"phase": "design", "data": {"phase_steps": 3, "phase_started_s": 40.0,
-                                                          "budget": {"steps": 12, "minutes": 30}}}),
+    d.fold([ev(1, "phase", {"phase": "design", "data": {"phase_steps": 3, "phase_started_s": 40.0},
+                            "budget": {"steps": 12, "minutes": 30}}),
             ev(2, "step_committed", {"snapshot": "abc"}),
             ev(3, "state", {"state": "NEEDS_INPUT", "reason": "A or B?"}),
             ev(4, "resource_threshold_crossed", {"metric": "cpu_percent", "value": 97.0, "limit": 85.0}),
@@ -54,7 +54,7 @@ def test_digest_alerts_phase_budget_and_time_left():
                 state="NEEDS_INPUT", active_s=100.0, step=4, prompt_tokens=70, completion_tokens=30)
     row = summary(task, d, now=2000.0)
     assert row["phase"] == {"name": "design", "steps": 3, "elapsed_s": 60.0, "budget": {"steps": 12, "minutes": 30},
-                            "used": 0.25}
+                            "used": 0.25}  # 3 of 12 steps outweighs 1 of 30 minutes
     assert row["time"]["remaining_s"] == 3500.0 and row["time"]["used"] == pytest.approx(100 / 3600)
     assert row["cost"] == {"prompt_tokens": 70, "completion_tokens": 30, "tokens": 100, "max_tokens": 1000}
     texts = [a["text"] for a in row["alerts"]]
@@ -88,6 +88,24 @@ def test_trajectory_turns_hold_new_prompt_messages_reply_results_and_verdicts(sq
     assert turns[2]["verdicts"][0]["kind"] == "deliverables" and turns[2]["verdicts"][0]["data"]["ok"] is True
     snaps = rebuild([], events).steps
     assert [t["snapshot"] for t in turns] == [snaps[1], snaps[2], snaps[3]]
+
+
+class PhasePromptPolicy(ToolCallingPolicy):
+    """Adds a message of its own to every prompt (as the SWE policy adds its phase prompt)."""
+
+    def prepare(self, ctx, state, tools):
+        messages, tools, events = super().prepare(ctx, state, tools)
+        return messages + [{"role": "user", "content": f"PHASE PROMPT before step {state.next_step}"}], tools, events
+
+
+def test_trajectory_shows_what_the_policy_added_to_each_prompt(sqlite, config, workspace):
+    task = service.submit(sqlite, config, "grow a.txt", str(workspace))
+    assert make_worker(config, sqlite, TURNS, policy_factory=PhasePromptPolicy).run_one() == "SUCCEEDED"
+    traj = trajectory.build(sqlite.get_task(task.id), sqlite.all_events(task.id), ToolCallingPolicy().initial_messages(task))
+    for n, t in enumerate(traj["turns"], start=1):
+        assert t["prompt"][-1] == {"role": "user", "content": f"PHASE PROMPT before step {n}", "added": True}
+        assert not any(m.get("added") for m in t["prompt"][:-1]) and not t["prompt_rewritten"]
+    assert [m["role"] for m in traj["turns"][1]["prompt"]] == ["assistant", "tool", "user"]  # the added one is not kept
 
 
 def test_export_is_one_file_with_the_data_escaped(tmp_path):

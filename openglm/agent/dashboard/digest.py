@@ -22,6 +22,7 @@ class Digest:
     last_event_kind: str = ""
     phase: str = ""
     phase_data: dict = field(default_factory=dict)
+    phase_budget: dict | None = None  # {"steps", "minutes"}, when the policy's phase events carry one
     committed_steps: int = 0
     crossed: dict = field(default_factory=dict)  # metric -> crossing (not cleared yet)
     alerts: deque = field(default_factory=lambda: deque(maxlen=MAX_ALERTS))
@@ -33,6 +34,7 @@ class Digest:
             d = e.data if isinstance(e.data, dict) else {}
             if e.kind == "phase":
                 self.phase, self.phase_data = str(d.get("phase", "")), d.get("data") or {}
+                self.phase_budget = d.get("budget") if isinstance(d.get("budget"), dict) else None
             elif e.kind == "step_committed" and e.step > 0:
                 self.committed_steps += 1
             elif e.kind == "resource_threshold_crossed":
@@ -79,12 +81,15 @@ def summary(task: Task, digest: Digest, now: float | None = None) -> dict:
     if task.state == "RUNNING" and task.started_at:  # active_s is written at each step; add the current one
         elapsed = max(elapsed, task.active_s + max(0.0, now - max(digest.last_event_ts, task.started_at)))
     pd = digest.phase_data
-    phase_budget = pd.get("budget") if isinstance(pd.get("budget"), dict) else None
+    phase_budget = digest.phase_budget
     phase = {"name": digest.phase or task.phase, "steps": pd.get("phase_steps"),
              "elapsed_s": (elapsed - pd["phase_started_s"]) if isinstance(pd.get("phase_started_s"), (int, float)) else None,
              "budget": phase_budget}
-    if phase_budget and phase["steps"] is not None and phase_budget.get("steps"):
-        phase["used"] = min(1.0, phase["steps"] / phase_budget["steps"])
+    if phase_budget:  # the larger share of its steps or its minutes spent
+        shares = [phase["steps"] / phase_budget["steps"] if phase["steps"] is not None and phase_budget.get("steps") else 0,
+                  phase["elapsed_s"] / (60 * phase_budget["minutes"])
+                  if phase["elapsed_s"] is not None and phase_budget.get("minutes") else 0]
+        phase["used"] = min(1.0, max(shares))
     tokens = task.prompt_tokens + task.completion_tokens
     alerts = list(digest.alerts)
     active = [{"ts": x["ts"], "level": "warning", "kind": "threshold", "step": None, "seq": None,

@@ -1,9 +1,11 @@
 """A task's trajectory for the viewer and the HTML export: one entry per model turn.
 
-Each turn holds the prompt as the runtime rebuilds it from the log (`state.rebuild`, the same
-replay a resumed worker does) — only the messages new since the previous turn, so a 500-turn
-trajectory stays linear in size — the reply, its reasoning, the tool calls with their results,
-and the verdicts the step produced (candidate scores, deliverable checks, tests, phase moves).
+Each turn holds its prompt: the conversation as the runtime rebuilds it from the log
+(`state.rebuild`, the same replay a resumed worker does), only the messages new since the previous
+turn (so a 500-turn trajectory stays linear in size), plus what the policy added for this turn alone
+(logged with the model request, e.g. the SWE policy's phase prompt); then the reply, its reasoning,
+the tool calls with their results, and the verdicts the step produced (candidate scores,
+deliverable checks, tests, phase moves).
 """
 
 from __future__ import annotations
@@ -33,7 +35,12 @@ def build(task, events, initial_messages: list[dict]) -> dict:
     by_step: dict[int, dict] = {}
     seen: list = []  # the prompt of the previous turn, to show only what is new
 
+    request: dict = {}  # the model_request logged with the response (what the policy added to the prompt)
+
     def before(e, st):
+        if e.kind == "model_request":
+            request.clear()
+            request.update(e.data)
         if e.kind != "model_response":
             return
         prompt = st.messages()
@@ -44,7 +51,9 @@ def build(task, events, initial_messages: list[dict]) -> dict:
         r = e.data.get("response", {})
         turn = {"step": e.step, "ts": e.ts, "prompt_messages": len(prompt),
                 "prompt_rewritten": not same_prefix,  # condensed or rolled back: shown whole
-                "prompt": [_message(m) for m in new], "reply": _clip(r.get("content") or ""),
+                "policy_rewrote": bool(request.get("rewritten")),  # sent differently from the log's conversation
+                "prompt": [_message(m) for m in new] + [{**_message(m), "added": True} for m in request.get("added", [])],
+                "reply": _clip(r.get("content") or ""),
                 "reasoning": _clip(r.get("reasoning") or r.get("reasoning_content") or ""),
                 "model": r.get("model", ""), "latency_s": e.data.get("latency_s"),
                 "prompt_tokens": e.data.get("prompt_tokens", 0), "completion_tokens": e.data.get("completion_tokens", 0),
@@ -53,6 +62,7 @@ def build(task, events, initial_messages: list[dict]) -> dict:
                 "verdicts": [], "snapshot": None}
         turns.append(turn)
         by_step[e.step] = turn
+        request.clear()
 
     state = rebuild(initial_messages, events, before=before)
     for e in events:

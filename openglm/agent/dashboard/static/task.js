@@ -82,7 +82,7 @@ function renderPlan() {
   const parts = [];
   if (S.phase) {
     const pd = S.phase.data || {};
-    const b = pd.budget;
+    const b = S.phase.budget;
     parts.push(D.el("p", {}, D.el("strong", {}, `Phase: ${S.phase.phase}`),
       pd.phase_steps !== undefined ? ` — ${pd.phase_steps}${b && b.steps ? "/" + b.steps : ""} steps in this phase` : "",
       b && b.minutes ? `, budget ${b.minutes} min` : ""));

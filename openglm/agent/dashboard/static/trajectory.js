@@ -3,7 +3,7 @@
 "use strict";
 
 function msg(m) {
-  return D.el("div", { class: `msg role-${m.role}` }, D.el("div", { class: "muted" }, m.role),
+  return D.el("div", { class: `msg role-${m.role}` }, D.el("div", { class: "muted" }, m.role, m.added ? " (added by the policy for this turn)" : ""),
     D.el("pre", {}, m.content || ""), (m.tool_calls || []).map((c) => D.el("pre", {}, `→ ${c.name}(${c.arguments})`)));
 }
 
@@ -37,7 +37,8 @@ function turn(t, i, open) {
     D.el("h3", {}, `Turn ${i + 1} · step ${t.step}`, D.el("span", { class: "muted" },
       ` · ${D.time(t.ts)} · ${t.model || "model"} · ${t.latency_s ?? "?"} s · ${t.prompt_tokens}+${t.completion_tokens} tokens`)),
     D.el("details", { open: open || i === 0 || null, class: "prompt" },
-      D.el("summary", {}, `Prompt: ${t.prompt.length} new message(s) of ${t.prompt_messages}` + (t.prompt_rewritten ? " (context condensed or rolled back: shown whole)" : "")),
+      D.el("summary", {}, `Prompt: ${t.prompt.length} new message(s) of ${t.prompt_messages}` + (t.prompt_rewritten ? " (context condensed or rolled back: shown whole)" : "") +
+        (t.policy_rewrote ? " (the policy rewrote the prompt it sent: shown as the log rebuilds it)" : "")),
       t.prompt.map(msg)),
     D.el("div", { class: "msg role-assistant" }, D.el("div", { class: "muted" }, "reply"), D.el("pre", { class: "reply" }, t.reply || "(no text)")),
     t.reasoning ? D.el("details", { class: "reasoning" }, D.el("summary", {}, "Reasoning"), D.el("pre", {}, t.reasoning)) : null,
