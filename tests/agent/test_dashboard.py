@@ -13,6 +13,7 @@ from openglm.agent.api import create_app
 from openglm.agent.dashboard import export, trajectory
 from openglm.agent.dashboard.diff import snapshot_vs_workspace
 from openglm.agent.dashboard.digest import Digest, summary
+from openglm.agent.dashboard.hub import Hub
 from openglm.agent.dashboard.live import Tail
 from openglm.agent.policy import ToolCallingPolicy
 from openglm.agent.state import rebuild
@@ -186,3 +187,36 @@ def test_view_token_reads_but_cannot_control(sqlite, config, workspace):
         assert http.post(f"/v1/tasks/{task.id}/pause", headers=full).json()["state"] == "PAUSED"
         assert http.get(f"/v1/dash/tasks/{task.id}/diff?step=7", headers=full).status_code == 422
         assert http.get("/v1/dash/tasks/t-nope/trajectory", headers=full).status_code == 404
+
+
+class CountingStore:
+    """A store that counts event reads (the hub must not read logs that did not change)."""
+
+    def __init__(self, store):
+        self.store, self.event_reads = store, 0
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def events(self, *a, **kw):
+        self.event_reads += 1
+        return self.store.events(*a, **kw)
+
+
+def test_hub_reads_only_changed_logs_and_reports_changed_rows(sqlite, config, workspace):
+    task = service.submit(sqlite, config, "x", str(workspace))
+    sqlite.append(task.id, [("tick", 0, {"i": i}) for i in range(2500)])
+    store = CountingStore(sqlite)
+    hub = Hub(store)
+    hub.refresh()
+    assert hub.digests[task.id].after == 2501 and store.event_reads == 3  # 1000 + 1000 + 501 events
+    version, rows = hub.changes_since(0)
+    assert [r["id"] for r in rows] == [task.id] and rows[0]["last_activity"]["kind"] == "tick"
+    hub.refresh()
+    hub.refresh()
+    assert store.event_reads == 3 and hub.changes_since(version) == (version, [])  # nothing new, nothing read
+    sqlite.update_task(task.id, {"resources": {"cpu_percent": 50.0, "rss_bytes": 1000}})
+    hub.refresh()
+    new_version, rows = hub.changes_since(version)
+    assert new_version == version + 1 and rows[0]["resources"]["cpu_percent"] == 50.0
+    assert [s["cpu_percent"] for s in hub.history[task.id]] == [50.0]

@@ -25,7 +25,8 @@ class Hub:
         self.rows: dict[str, dict] = {}
         self.stamps: dict[str, int] = {}  # task -> version at which its row last changed
         self.history: dict[str, deque] = {}
-        self._seen_updates: dict[str, float] = {}
+        self._seen_updates: dict[str, float] = {}  # task -> updated_at when its events were last read
+        self._last_readings: dict[str, dict] = {}
         self.version = 0
         self.lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -61,11 +62,15 @@ class Hub:
         changed = {}
         for task in self.store.list_tasks(self.limit):
             digest = self.digests.setdefault(task.id, Digest())
-            new = self.store.events(task.id, after=digest.after, limit=1000)
-            digest.fold(new)
-            if task.resources and task.updated_at != self._seen_updates.get(task.id):
+            if task.updated_at != self._seen_updates.get(task.id):  # every append bumps it: else nothing new
                 self._seen_updates[task.id] = task.updated_at
-                self._record(task.id, task.updated_at, task.resources)
+                while batch := self.store.events(task.id, after=digest.after, limit=1000):
+                    digest.fold(batch)
+                    if len(batch) < 1000:
+                        break
+                if task.resources and task.resources != self._last_readings.get(task.id):
+                    self._last_readings[task.id] = task.resources
+                    self._record(task.id, task.updated_at, task.resources)
             row = summary(task, digest, now)
             old = self.rows.get(task.id)
             if old is None or _differs(old, row):
