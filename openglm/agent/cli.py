@@ -53,12 +53,17 @@ def _reporting_api_errors(func):
     """Run a `task` action; an error answer from the task API is one line on stderr and exit 2."""
 
     def run(args):
+        import httpx
+
         from openglm.client import GLMClientError
 
         try:
             return func(args)
         except GLMClientError as e:
             print(f"error: {e.detail}", file=sys.stderr)
+            return 2
+        except httpx.TransportError as e:  # no server there, or it hung up
+            print(f"error: cannot reach the task API at {args.server}: {e}", file=sys.stderr)
             return 2
 
     return run

@@ -220,3 +220,13 @@ def test_hub_reads_only_changed_logs_and_reports_changed_rows(sqlite, config, wo
     new_version, rows = hub.changes_since(version)
     assert new_version == version + 1 and rows[0]["resources"]["cpu_percent"] == 50.0
     assert [s["cpu_percent"] for s in hub.history[task.id]] == [50.0]
+
+
+def test_export_html_without_a_server_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "openglm.agent", "task", "export-html", "t-x", "--out", str(tmp_path / "x.html"),
+                        "--server", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "cannot reach the task API at http://127.0.0.1:9" in p.stderr
+    assert not (tmp_path / "x.html").exists()
