@@ -203,19 +203,19 @@ class CountingStore:
         return self.store.events(*a, **kw)
 
 
-def test_hub_reads_only_changed_logs_and_reports_changed_rows(sqlite, config, workspace):
-    task = service.submit(sqlite, config, "x", str(workspace))
-    sqlite.append(task.id, [("tick", 0, {"i": i}) for i in range(2500)])
-    store = CountingStore(sqlite)
-    hub = Hub(store)
+def test_hub_reads_only_changed_logs_and_reports_changed_rows(store, config, workspace):
+    task = service.submit(store, config, "x", str(workspace))
+    store.append(task.id, [("tick", 0, {"i": i}) for i in range(2500)])
+    counting = CountingStore(store)
+    hub = Hub(counting)
     hub.refresh()
-    assert hub.digests[task.id].after == 2501 and store.event_reads == 3  # 1000 + 1000 + 501 events
+    assert hub.digests[task.id].after == 2501 and counting.event_reads == 3  # 1000 + 1000 + 501 events
     version, rows = hub.changes_since(0)
     assert [r["id"] for r in rows] == [task.id] and rows[0]["last_activity"]["kind"] == "tick"
     hub.refresh()
     hub.refresh()
-    assert store.event_reads == 3 and hub.changes_since(version) == (version, [])  # nothing new, nothing read
-    sqlite.update_task(task.id, {"resources": {"cpu_percent": 50.0, "rss_bytes": 1000}})
+    assert counting.event_reads == 3 and hub.changes_since(version) == (version, [])  # nothing new, nothing read
+    store.update_task(task.id, {"resources": {"cpu_percent": 50.0, "rss_bytes": 1000}})
     hub.refresh()
     new_version, rows = hub.changes_since(version)
     assert new_version == version + 1 and rows[0]["resources"]["cpu_percent"] == 50.0

@@ -245,3 +245,61 @@ def test_pages_at_desktop_and_phone_width_with_named_controls(dash, pw):
         context.close()
     assert dash.http.post(f"/v1/tasks/{running}/cancel").status_code == 200  # also kills its command
     wait_until(lambda: task(dash, running)["state"] == "CANCELLED", 30, "the cancel")
+
+
+@pytest.fixture
+def token_server(tmp_path):
+    """The task API app (no workers) behind a full token and a read-only one, served by uvicorn in a thread."""
+    import threading
+
+    import uvicorn
+
+    from openglm.agent.api import create_app
+    from openglm.agent.config import AgentConfig
+    from openglm.agent.store.sqlite_store import SQLiteStore
+
+    config = AgentConfig(data_dir=str(tmp_path / "data"))
+    store = SQLiteStore(str(tmp_path / "agent.db"))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(config, store=store, token="full-secret", view_token="look-only"),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: _up(url), 20, "the token server")
+    yield url
+    server.should_exit = server.force_exit = True  # no waiting for open event streams
+    thread.join(10)
+    # (the store is left to the garbage collector: the task API's event streams, polling in worker
+    # threads, notice a closed client only at their next write)
+
+
+def _up(url):
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_token_form_and_a_read_only_key_turn_the_controls_off(token_server, page):
+    full = {"Authorization": "Bearer full-secret"}
+    tid = httpx.post(token_server + "/v1/tasks", json={"objective": "guarded"}, headers=full).json()["task_id"]
+    page.goto(token_server + "/ui/")
+    page.wait_for_selector("#token-form")  # no token yet: the data answered 401 and the page asks for one
+    page.get_by_label("This server needs its bearer token:").fill("look-only")
+    page.get_by_role("button", name="Use token").click()
+    page.wait_for_selector(f'tr[data-task="{tid}"] .badge.s-QUEUED')
+    page.goto(f"{token_server}/ui/task.html?id={tid}")
+    page.wait_for_function("document.getElementById('control-msg').textContent.includes('read-only key')")
+    for name in ("Pause task", "Resume task", "Cancel task"):
+        assert page.get_by_role("button", name=name).is_disabled(), name
+    status = page.evaluate(f"fetch('/v1/tasks/{tid}/pause', {{method: 'POST', headers: D.headers()}}).then((r) => r.status)")
+    assert status == 403 and httpx.get(f"{token_server}/v1/tasks/{tid}", headers=full).json()["state"] == "QUEUED"
+    page.goto(f"{token_server}/ui/#token=full-secret")  # a link may carry the key once
+    page.wait_for_selector(f'tr[data-task="{tid}"]')
+    assert "full-secret" not in page.url  # taken out of the address bar
+    page.goto(f"{token_server}/ui/task.html?id={tid}")
+    page.wait_for_function("!document.getElementById('btn-pause').disabled")
+    page.get_by_role("button", name="Pause task").click()
+    page.wait_for_selector('body[data-state="PAUSED"]')
+    assert httpx.get(f"{token_server}/v1/tasks/{tid}", headers=full).json()["state"] == "PAUSED"
