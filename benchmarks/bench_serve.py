@@ -282,7 +282,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.num_prompts, args.output_len, args.hf_batch_sizes = 16, (8, 48), [16]
         args.concurrency, args.online_output, args.ppl_tokens = [1, 8], 16, 256
-    from openglm.engine.llm_engine import resolve_checkpoint
+    from openglm.model.checkpoint import resolve_checkpoint
 
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)

@@ -22,7 +22,7 @@ from openglm.engine.sampler import Sampler
 from openglm.engine.sampling_params import SamplingParams
 from openglm.engine.scheduler import Scheduler
 from openglm.engine.sequence import Sequence
-from openglm.train.checkpoint import resolve_checkpoint  # a checkpoint, or a run folder's latest one
+from openglm.model.checkpoint import resolve_checkpoint  # a checkpoint, or a run folder's latest one
 
 
 class LLMEngine:

@@ -94,6 +94,20 @@ def _swap_into_place(tmp: Path, path: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint folder from a step folder, a run folder, or its checkpoints/ folder."""
+    p = Path(path)
+    if (p / "config.json").is_file():
+        return p
+    for pointer in (p / "checkpoints" / "latest", p / "latest"):
+        if pointer.is_file():
+            target = pointer.parent / pointer.read_text().strip()
+            if (target / "config.json").is_file():
+                return target
+            raise CheckpointError(f"{pointer} points at {target}, which is not a complete checkpoint")
+    raise CheckpointError(f"no checkpoint at {p} (expected config.json, or checkpoints/latest in a run folder)")
+
+
 def read_config(path) -> ModelConfig:
     cfg_file = Path(path) / "config.json"
     if not cfg_file.is_file():

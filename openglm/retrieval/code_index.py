@@ -33,19 +33,11 @@ MODES = ("hybrid", "dense", "bm25")
 FUSION_WEIGHTS = (0.5, 1.0)
 
 
-@dataclass
-class Hit:
-    path: str
-    start_line: int
-    end_line: int
-    kind: str
-    name: str
-    score: float
-    text: str
+@dataclass(frozen=True)
+class Hit(Chunk):
+    """A chunk a search found, with its score (higher is better)."""
 
-    @property
-    def location(self) -> str:
-        return f"{self.path}:{self.start_line}-{self.end_line}"
+    score: float
 
     def to_dict(self) -> dict:
         return {**asdict(self), "location": self.location}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from openglm.swe.code import is_test_path
+from openglm.retrieval.spans import is_test_path
 from openglm.swe.gitutil import git
 from openglm.swe.harness.env import checkout
 from openglm.swe.harness.instances import load_predictions

@@ -8,7 +8,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from openglm.swe.code import python_files
+from openglm.retrieval.spans import python_files
 from openglm.swe.testrun import run_pytest, run_unittest
 
 

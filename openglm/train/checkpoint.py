@@ -18,11 +18,9 @@ from pathlib import Path
 
 import torch
 
+from openglm.model.errors import CheckpointError
+
 STATE_FILE = "trainer_state.pt"
-
-
-class CheckpointError(ValueError):
-    """No checkpoint where one was expected, or one that does not fit the current run."""
 
 
 def save_checkpoint(out_dir: str | os.PathLike, step: int, model, trainer_state: dict, tokenizer=None,
@@ -45,20 +43,6 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, model, trainer_state:
         raise
     _prune(root, keep)
     return final
-
-
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint folder from a step folder, a run folder, or its checkpoints/ folder."""
-    p = Path(path)
-    if (p / "config.json").is_file():
-        return p
-    for pointer in (p / "checkpoints" / "latest", p / "latest"):
-        if pointer.is_file():
-            target = pointer.parent / pointer.read_text().strip()
-            if (target / "config.json").is_file():
-                return target
-            raise CheckpointError(f"{pointer} points at {target}, which is not a complete checkpoint")
-    raise CheckpointError(f"no checkpoint at {p} (expected config.json, or checkpoints/latest in a run folder)")
 
 
 def load_trainer_state(ckpt: Path) -> dict:

@@ -84,7 +84,7 @@ def _generate(args) -> int:
     def run():
         from openglm import load_model
         from openglm.tokenizer import load_tokenizer
-        from openglm.train.checkpoint import resolve_checkpoint
+        from openglm.model.checkpoint import resolve_checkpoint
         from openglm.train.generate import generate
 
         ckpt = resolve_checkpoint(args.checkpoint)
@@ -111,7 +111,7 @@ def _demo(args) -> int:
 def _guarded(fn) -> int:
     """Known input problems print one clear line instead of a traceback."""
     from openglm.tokenizer import TokenizerError
-    from openglm.train.checkpoint import CheckpointError
+    from openglm.model.errors import CheckpointError
     from openglm.train.data import CorpusError
     from openglm.train.prepare import TrainSetupError
     from openglm.train.trainer import TrainingDiverged

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from openglm.train import dist
-from openglm.train.checkpoint import CheckpointError
+from openglm.model.errors import CheckpointError
 from openglm.train.config import RESUME_MUST_MATCH, TrainConfig
 from openglm.train.data import load_documents, split_documents, tokenize_documents
 

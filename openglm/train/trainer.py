@@ -18,10 +18,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from openglm.model.checkpoint import resolve_checkpoint
+from openglm.model.errors import CheckpointError
 from openglm.train import dist
 from openglm.train.activations import enable_activation_checkpointing
-from openglm.train.checkpoint import (CheckpointError, load_trainer_state, resolve_checkpoint, rng_state,
-                                      save_checkpoint, set_rng_state)
+from openglm.train.checkpoint import load_trainer_state, rng_state, save_checkpoint, set_rng_state
 from openglm.train.config import TrainConfig
 from openglm.train.data import PackedBatcher, eval_windows
 from openglm.train.optim import build_optimizer, clip_grad_norm

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from openglm.swe.code import CodeIndex, functions_with_qualnames, is_test_path
+from openglm.retrieval.spans import FunctionIndex, functions_with_qualnames, is_test_path
 from openglm.swe.gen.mutate import Mutation, mutations_of
 from openglm.swe.gen.packages import PackageSpec
 from openglm.swe.gitutil import commit_file_change, git, init_repo, unified_diff
@@ -105,7 +105,7 @@ class PackageMiner:
             raise RuntimeError(f"{spec.slug}: no test passes on the pristine sdist:\n{base.output[-2000:]}")
         # (file, line) -> passing tests that execute it
         self.line_tests: dict[tuple[str, int], set[str]] = {}
-        index = CodeIndex(self.repo)
+        index = FunctionIndex(self.repo)
         for path, by_test in per_test_lines(base.coverage_file).items():
             rel = index.rel(path)
             for test, lines in by_test.items():
@@ -121,7 +121,7 @@ class PackageMiner:
     def candidates(self) -> list[tuple[str, str, list[Mutation]]]:
         """(file, function qualname, its mutations on covered lines) for every covered function."""
         out = []
-        index = CodeIndex(self.repo)
+        index = FunctionIndex(self.repo)
         for rel, source in sorted(index.sources.items()):
             if is_test_path(rel) or not any(rel == s or rel.startswith(s + "/") for s in self.spec.source):
                 continue

@@ -8,7 +8,7 @@ import math
 import re
 from collections import Counter
 
-from openglm.swe.code import CodeIndex, is_test_path
+from openglm.retrieval.spans import FunctionIndex, is_test_path
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*")
 _CAMEL = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
@@ -49,7 +49,7 @@ def bm25(query: list[str], docs: dict[str, list[str]], k1: float = 1.2, b: float
     return scores
 
 
-def text_scores(index: CodeIndex, issue: str, top_functions: int = 20) -> dict[str, dict[str, float]]:
+def text_scores(index: FunctionIndex, issue: str, top_functions: int = 20) -> dict[str, dict[str, float]]:
     scores: dict[str, dict[str, float]] = {"files": {}, "functions": {}, "lines": {}}
     query = tokens(issue)
     if not query:
@@ -61,8 +61,8 @@ def text_scores(index: CodeIndex, issue: str, top_functions: int = 20) -> dict[s
         lines = index.sources[rel].splitlines()
         for f in fns:
             # The name counts twice: it is the most telling part of a function's text.
-            docs[f.key] = tokens(f.qualname) * 2 + tokens("\n".join(lines[f.start - 1:f.end]))
-            spans[f.key] = (rel, f.start, lines[f.start - 1:f.end])
+            docs[f.key] = tokens(f.name) * 2 + tokens("\n".join(lines[f.start_line - 1:f.end_line]))
+            spans[f.key] = (rel, f.start_line, lines[f.start_line - 1:f.end_line])
     scores["functions"] = bm25(query, docs)
     for key, s in scores["functions"].items():
         rel = spans[key][0]
