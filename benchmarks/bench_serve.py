@@ -60,7 +60,7 @@ def bench_offline(ckpt: Path, args) -> dict:
     engine_out = llm.generate(prompts, params, use_tqdm=True)
     engine_s = time.perf_counter() - t0
     rows = [{"system": f"openglm engine (max_num_seqs={args.num_prompts})", "seconds": engine_s,
-             "output_tok_s": useful / engine_s, "steps": llm.engine.stats["steps"]}]
+             "output_tok_s": useful / engine_s, "steps": llm.engine.stats().steps}]
     kv_bytes_per_token = llm.engine.runner.pool.bytes_per_token()
     del llm
 

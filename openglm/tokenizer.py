@@ -16,10 +16,11 @@ from __future__ import annotations
 import functools
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
+
+from openglm.util.files import write_atomic
 
 EOS, PAD, GMASK, SOP = "<|endoftext|>", "<|pad|>", "[gMASK]", "<sop>"
 ROLES = ("system", "user", "assistant", "observation")
@@ -162,9 +163,9 @@ class Tokenizer:
             "chat_template": CHAT_TEMPLATE,
         }
         special_map = {**specials, "additional_special_tokens": config["additional_special_tokens"]}
-        _atomic_write(out / "tokenizer.json", self.hf.to_str())
-        _atomic_write(out / "tokenizer_config.json", json.dumps(config, indent=2))
-        _atomic_write(out / "special_tokens_map.json", json.dumps(special_map, indent=2))
+        write_atomic(out / "tokenizer.json", self.hf.to_str())
+        write_atomic(out / "tokenizer_config.json", json.dumps(config, indent=2))
+        write_atomic(out / "special_tokens_map.json", json.dumps(special_map, indent=2))
         return out
 
 
@@ -203,15 +204,3 @@ def _chat_template():
 
 def _raise_template_error(msg: str):
     raise TokenizerError(msg)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

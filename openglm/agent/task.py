@@ -7,6 +7,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from functools import cached_property
 
 
 class TaskState(str, Enum):
@@ -161,7 +162,8 @@ def new_task_id() -> str:
 
 @dataclass
 class Task:
-    """One long-horizon task as stored. `constraints` keeps the user's raw dict (re-parsed on use)."""
+    """One long-horizon task as stored. `constraints` keeps the user's dict as given (it is what the
+    record and the API show); `parsed_constraints` is its typed form, parsed once per Task."""
 
     id: str
     objective: str
@@ -194,6 +196,10 @@ class Task:
     def from_dict(cls, d: dict) -> "Task":
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    @cached_property
+    def parsed_constraints(self) -> Constraints:
+        return parse_constraints(self.constraints)
 
     @property
     def terminal(self) -> bool:

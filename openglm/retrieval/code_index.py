@@ -19,10 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from openglm.util.files import write_atomic
+
 from .chunking import Chunk, chunk_file, content_hash, decode_text, iter_source_files
 from .embedder import Embedder, EmbedderIdentity, check_identity
 from .lexical import BM25Index, reciprocal_rank_fusion
-from .vector import VectorConfig, VectorIndex, ladder_config, write_atomic
+from .vector import VectorConfig, VectorIndex, ladder_config
 
 INDEX_DIRNAME = ".openglm-index"
 FORMAT_VERSION = 1

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from openglm.util.files import write_atomic
+
 from .chunking import Chunk, chunk_file, decode_text, iter_source_files
-from .vector import write_atomic
 
 SHARD = 4096
 

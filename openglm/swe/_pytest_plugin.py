@@ -16,6 +16,8 @@ import os
 
 import pytest
 
+from openglm.util.files import write_atomic
+
 _results: dict[str, dict] = {}
 _cov = None
 
@@ -57,7 +59,4 @@ def pytest_sessionfinish(session, exitstatus):
         _cov = None
     path = os.environ.get("OPENGLM_RESULTS")
     if path:
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(_results, f)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(_results))

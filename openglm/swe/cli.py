@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+from openglm.agent.cli import add_model_flags, model_spec_from_args
+
 
 def _emit(data: dict, out: str | None) -> None:
     text = json.dumps(data, indent=2)
@@ -105,16 +107,11 @@ def cmd_swe_gen(args) -> int:
 
 
 def cmd_swe_solve(args) -> int:
-    import os
-
     from openglm.swe.solve import SolveConfig, solve
 
     instances = _selected_instances(args)
-    if args.replay:
-        model = {"replay": args.replay}
-    elif args.model_url and args.model:
-        model = {"base_url": args.model_url, "model": args.model, "api_key": os.environ.get(args.api_key_env)}
-    else:
+    model = model_spec_from_args(args)
+    if model is None:
         raise SystemExit("swe-solve needs --model-url and --model (an OpenAI-compatible endpoint) or --replay")
     config = SolveConfig(out_dir=Path(args.out), repos_dir=Path(args.repos_dir), model=model,
                          model_name=args.model or "replay", timeout=args.timeout, reveal_tests=args.reveal_tests)
@@ -175,10 +172,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("swe-solve", help="run the four-phase SWE policy on instances -> predictions")
     p.add_argument("--instances", required=True)
-    p.add_argument("--model-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--model", help="model name at --model-url")
-    p.add_argument("--api-key-env", default="OPENGLM_MODEL_API_KEY", help="env var holding the API key")
-    p.add_argument("--replay", help="a replay script (JSONL of assistant turns) instead of a model")
+    add_model_flags(p)
     p.add_argument("--out", default="runs/swe-solve")
     p.add_argument("--repos-dir", default=".bench/swe-gen/repos")
     p.add_argument("--timeout", default="60m", help="per instance, e.g. 60m")

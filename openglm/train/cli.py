@@ -82,9 +82,8 @@ def _train(args) -> int:
 
 def _generate(args) -> int:
     def run():
-        from openglm import load_model
+        from openglm.model.checkpoint import load_model, resolve_checkpoint  # torch: loaded when the command runs
         from openglm.tokenizer import load_tokenizer
-        from openglm.model.checkpoint import resolve_checkpoint
         from openglm.train.generate import generate
 
         ckpt = resolve_checkpoint(args.checkpoint)

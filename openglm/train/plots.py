@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from openglm.train.telemetry import read_metrics
+from openglm.util.files import write_atomic
 
 
 def plot_run(run_dir: str | os.PathLike) -> list[Path]:
@@ -75,8 +76,6 @@ def _plot_expert_load(loads: list[dict], path: Path) -> Path:
 def _save(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110))
     plt.close(fig)
-    os.replace(tmp, path)
     return path

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from openglm.model.checkpoint import resolve_checkpoint
+from openglm.model.checkpoint import load_model, resolve_checkpoint
 from openglm.model.errors import CheckpointError
 from openglm.train import dist
 from openglm.train.activations import enable_activation_checkpointing
@@ -107,8 +107,6 @@ class Trainer:
                                          self.cfg.weight_decay, offload=self.cfg.offload_optimizer)
 
     def _resume(self, resume) -> None:
-        from openglm import load_model
-
         ckpt = resolve_checkpoint(self.out if resume is True else resume)
         state = load_trainer_state(ckpt)
         check_resume_compatible(ckpt, self.model_config, self.cfg, state["train_config"])
