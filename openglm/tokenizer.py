@@ -56,7 +56,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.Pat
 
     Saves the three Hugging Face files into `out_dir` when given; returns the loaded wrapper.
     """
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors, trainers  # heavy (Rust tokenizers): loaded when training one
 
     if vocab_size < min_vocab_size():
         raise TokenizerError(
@@ -171,7 +171,7 @@ class Tokenizer:
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     """Load a tokenizer from a folder holding `tokenizer.json` (or the file itself)."""
-    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import Tokenizer as HFTokenizer  # heavy (Rust tokenizers): loaded with a tokenizer
 
     p = Path(path)
     file = p / "tokenizer.json" if p.is_dir() else p
@@ -195,7 +195,7 @@ def _render_chat(messages: list[dict], add_generation_prompt: bool) -> str:
 @functools.cache
 def _chat_template():
     """The chat template, compiled once per process rather than on every render."""
-    import jinja2
+    import jinja2  # only to render a chat template
 
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise_template_error

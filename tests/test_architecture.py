@@ -62,12 +62,23 @@ def imported_modules(node: ast.Import | ast.ImportFrom, module: str, is_package:
     return [target]
 
 
-def function_level(tree: ast.Module) -> set[int]:
-    """ids of the import nodes inside a function."""
-    inner = set()
+def function_level(tree: ast.Module) -> dict[int, tuple[int, int]]:
+    """id of each import node inside a function -> (first, last line) of its run of consecutive
+    imports: one comment above or in a run explains the whole run."""
+    inner = {}
     for fn in ast.walk(tree):
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            inner |= {id(n) for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))}
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            for body in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
+                run: list[ast.stmt] = []
+                for stmt in [*body, None] if isinstance(body, list) else []:
+                    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                        run.append(stmt)
+                        continue
+                    for imp in run:
+                        inner[id(imp)] = (run[0].lineno, run[-1].end_lineno)
+                    run = []
     return inner
 
 
@@ -87,9 +98,9 @@ def scan():
                 continue
             where = f"{path.relative_to(ROOT)}:{node.lineno}"
             if id(node) in inner:
-                commented = "#" in lines[node.lineno - 1] or lines[node.lineno - 2].strip().startswith("#") or \
-                    "#" in lines[node.end_lineno - 1]
-                deferred.append((where, commented))
+                first, last = inner[id(node)]
+                span = lines[first - 2:last]  # the line above the run, and the run
+                deferred.append((where, any("#" in line for line in span)))
             for target in imported_modules(node, module, is_package):
                 dst = package_of(target)
                 if dst is not None and dst != src:

@@ -118,13 +118,13 @@ def cmd_list(args):
 
 
 def cmd_agent_server(args):
-    from openglm.agent.server import serve
+    from openglm.agent.server import serve  # uvicorn + FastAPI: loaded when the command runs
 
     serve(_load_config(args), host=args.host, port=args.port, workers=args.workers, token=args.token)
 
 
 def cmd_worker(args):
-    from openglm.agent.server import run_worker
+    from openglm.agent.server import run_worker  # the whole runtime: loaded when the command runs
 
     run_worker(_load_config(args), max_tasks=1 if args.once else None)
 

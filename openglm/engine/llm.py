@@ -44,7 +44,7 @@ class LLM:
         return self.generate(prompts, params, use_tqdm)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
-        from tqdm import tqdm
+        from tqdm import tqdm  # only for a progress bar
 
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(request_ids), desc="generate", unit="req", disable=not use_tqdm)

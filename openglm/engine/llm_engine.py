@@ -65,14 +65,14 @@ class LLMEngine:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> "LLMEngine":
-        from openglm.engine.tokenizing import EngineTokenizer
+        from openglm.engine.tokenizing import EngineTokenizer  # tokenizers + weights: loaded only from a checkpoint
         from openglm.model import load_model
 
         config = config or EngineConfig()
         path = resolve_checkpoint(path)
         model = load_model(str(path), dtype=getattr(torch, config.dtype))
         if config.quantization:
-            from openglm.engine.quant import quantize_model
+            from openglm.engine.quant import quantize_model  # optional (--quantization)
 
             quantize_model(model, config.quantization)
         return cls(model, EngineTokenizer(path), config)

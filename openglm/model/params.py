@@ -26,7 +26,7 @@ BYTES_PER_PARAM = {"bf16": 2.0, "fp8": 1.0, "int4": 0.5}
 
 
 def parameter_report(cfg: ModelConfig) -> dict:
-    from openglm.model.model import GlmMoeDsaForCausalLM
+    from openglm.model.model import GlmMoeDsaForCausalLM  # torch: parameter accounting from a config needs no model until here
 
     with torch.device("meta"):
         model = GlmMoeDsaForCausalLM(cfg)

@@ -51,7 +51,7 @@ def collect_chunks(roots: list[Path], limit: int, seed: int = 0) -> list[Chunk]:
 
 
 def build(out: Path, limit: int, max_seq_length: int = 32, roots: list[Path] | None = None) -> int:
-    from tqdm import tqdm
+    from tqdm import tqdm  # the embedder (torch) loads only when embedding
 
     from .embedder import Embedder
 

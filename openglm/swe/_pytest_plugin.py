@@ -26,7 +26,7 @@ def pytest_configure(config):
     global _cov
     data_file = os.environ.get("OPENGLM_COV_DATA")
     if data_file and _cov is None:
-        import coverage
+        import coverage  # optional: only when per-test coverage is asked for
 
         source = [s for s in os.environ.get("OPENGLM_COV_SOURCE", "").split(os.pathsep) if s]
         _cov = coverage.Coverage(data_file=data_file, source=source or [str(config.rootpath)],

@@ -32,7 +32,7 @@ def _read_issue(args) -> str:
 
 def _selected_instances(args) -> list[dict]:
     """--instances, narrowed to --instance-ids when given."""
-    from openglm.swe.harness.instances import load_instances
+    from openglm.swe.harness.instances import load_instances  # each command loads its own modules when it runs
 
     instances = load_instances(args.instances)
     if args.instance_ids:
@@ -42,7 +42,7 @@ def _selected_instances(args) -> list[dict]:
 
 
 def cmd_localize(args) -> int:
-    from openglm.swe.localize import LocalizeConfig, localize
+    from openglm.swe.localize import LocalizeConfig, localize  # loaded when the command runs
 
     config = LocalizeConfig(scope=args.scope, top=args.top, pythonpath=args.pythonpath)
     result = localize(args.repo, args.failing or [], issue=_read_issue(args), config=config)
@@ -51,7 +51,7 @@ def cmd_localize(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from openglm.swe.verify import VerifyConfig, verify
+    from openglm.swe.verify import VerifyConfig, verify  # loaded when the command runs
 
     result = verify(args.repo, files=args.files, tests=args.tests or [],
                     config=VerifyConfig(runner=args.runner, timeout=args.timeout, pythonpath=args.pythonpath))
@@ -60,7 +60,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_bisect(args) -> int:
-    from openglm.swe.bisect import bisect
+    from openglm.swe.bisect import bisect  # loaded when the command runs
 
     result = bisect(args.repo, args.good, args.cmd, bad=args.bad)
     _emit(result, args.json)
@@ -68,7 +68,7 @@ def cmd_bisect(args) -> int:
 
 
 def cmd_repomap(args) -> int:
-    from openglm.swe.repomap import render, repo_map
+    from openglm.swe.repomap import render, repo_map  # loaded when the command runs
 
     m = repo_map(args.repo)
     if args.text:
@@ -79,7 +79,7 @@ def cmd_repomap(args) -> int:
 
 
 def cmd_swe_eval(args) -> int:
-    from openglm.swe.harness import HarnessConfig, run_evaluation
+    from openglm.swe.harness import HarnessConfig, run_evaluation  # loaded when the command runs
     from openglm.swe.harness.instances import load_predictions
 
     instances = _selected_instances(args)
@@ -94,9 +94,9 @@ def cmd_swe_eval(args) -> int:
 
 
 def cmd_swe_gen(args) -> int:
-    from openglm.swe.gen.generate import GenConfig, export_queries, generate
+    from openglm.swe.gen.generate import GenConfig, export_queries, generate  # loaded when the command runs
     from openglm.swe.gen.packages import by_name
-    from openglm.swe.harness.instances import load_instances
+    from openglm.swe.harness.instances import load_instances  # each command loads its own modules when it runs
 
     config = GenConfig(out_dir=Path(args.out), per_package=args.per_package, seed=args.seed)
     path = generate(by_name(args.packages), config)
@@ -107,7 +107,7 @@ def cmd_swe_gen(args) -> int:
 
 
 def cmd_swe_solve(args) -> int:
-    from openglm.swe.solve import SolveConfig, solve
+    from openglm.swe.solve import SolveConfig, solve  # the agent runtime: loaded when the command runs
 
     instances = _selected_instances(args)
     model = model_spec_from_args(args)

@@ -88,7 +88,7 @@ def entry_points(repo: Path) -> list[str]:
     found = []
     pyproject = repo / "pyproject.toml"
     if pyproject.exists():
-        import tomllib
+        import tomllib  # stdlib from Python 3.11 on; the project supports 3.10
 
         try:
             data = tomllib.loads(pyproject.read_text())

@@ -111,9 +111,9 @@ class Store:
 def open_store(url: str) -> Store:
     """'sqlite:///path/to.db', a plain path, or 'redis://host:port/db'."""
     if url.startswith(("redis://", "rediss://", "unix://")):
-        from openglm.agent.store.redis_store import RedisStore
+        from openglm.agent.store.redis_store import RedisStore  # the backends import this module (Store, Task)
 
         return RedisStore(url)
-    from openglm.agent.store.sqlite_store import SQLiteStore
+    from openglm.agent.store.sqlite_store import SQLiteStore  # (as above)
 
     return SQLiteStore(url.removeprefix("sqlite://"))

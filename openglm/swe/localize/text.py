@@ -4,10 +4,9 @@ Line scores inside a function count the query words each line shares."""
 
 from __future__ import annotations
 
-import math
 import re
-from collections import Counter
 
+from openglm.retrieval.lexical import bm25_model
 from openglm.retrieval.spans import FunctionIndex, is_test_path
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*")
@@ -29,24 +28,12 @@ def tokens(text: str) -> list[str]:
 
 def bm25(query: list[str], docs: dict[str, list[str]], k1: float = 1.2, b: float = 0.75
          ) -> dict[str, float]:
-    if not docs:
+    """BM25 score of each document sharing a token with the query (the retrieval package's BM25)."""
+    if not docs or not query:
         return {}
-    n = len(docs)
-    avg = sum(len(d) for d in docs.values()) / n or 1.0
-    df = Counter(t for d in docs.values() for t in set(d))
-    q = Counter(query)
-    scores = {}
-    for key, doc in docs.items():
-        tf = Counter(doc)
-        s = 0.0
-        for t, qn in q.items():
-            if t not in tf:
-                continue
-            idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
-            s += qn * idf * tf[t] * (k1 + 1) / (tf[t] + k1 * (1 - b + b * len(doc) / avg))
-        if s > 0:
-            scores[key] = s
-    return scores
+    keys = list(docs)
+    scores = bm25_model([docs[k] for k in keys], k1=k1, b=b).get_scores(query)
+    return {k: float(s) for k, s in zip(keys, scores) if s > 0}
 
 
 def text_scores(index: FunctionIndex, issue: str, top_functions: int = 20) -> dict[str, dict[str, float]]:
