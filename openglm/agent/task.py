@@ -33,6 +33,23 @@ class ConstraintError(ValueError):
         self.message = message
 
 
+@dataclass
+class Resources:
+    cpus: int | None = None
+    memory_bytes: int | None = None
+
+
+@dataclass
+class Deliverable:
+    """A path that must exist in the workspace, or a command that must exit 0 there."""
+
+    path: str | None = None
+    command: str | None = None
+
+    def describe(self) -> str:
+        return f"path {self.path}" if self.path else f"command `{self.command}`"
+
+
 _DURATION_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
 _SIZE_UNITS = {"K": 2**10, "KB": 2**10, "M": 2**20, "MB": 2**20, "G": 2**30, "GB": 2**30, "T": 2**40, "TB": 2**40}
 
@@ -58,12 +75,6 @@ def parse_duration(value, field: str = "timeout") -> float:
     return total
 
 
-@dataclass
-class Resources:
-    cpus: int | None = None
-    memory_bytes: int | None = None
-
-
 def parse_resource(value, field: str = "resource") -> Resources:
     """'16CPU/64GB', '2CPU', '512MB' -> Resources."""
     if not isinstance(value, str) or not value.strip():
@@ -80,17 +91,6 @@ def parse_resource(value, field: str = "resource") -> Resources:
     if res.cpus == 0 or res.memory_bytes == 0:
         raise ConstraintError(field, f"limits must be positive, got {value!r}")
     return res
-
-
-@dataclass
-class Deliverable:
-    """A path that must exist in the workspace, or a command that must exit 0 there."""
-
-    path: str | None = None
-    command: str | None = None
-
-    def describe(self) -> str:
-        return f"path {self.path}" if self.path else f"command `{self.command}`"
 
 
 def parse_deliverables(value, field: str = "deliverables") -> list[Deliverable]:
