@@ -10,14 +10,13 @@ import sys
 from pathlib import Path
 
 from openglm.agent.cli import add_model_flags, model_spec_from_args
+from openglm.util.files import write_atomic
 
 
 def _emit(data: dict, out: str | None) -> None:
     text = json.dumps(data, indent=2)
     if out:
-        tmp = Path(out).with_suffix(Path(out).suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(out)
+        write_atomic(out, text)
     else:
         print(text)
 

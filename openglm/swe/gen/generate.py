@@ -32,6 +32,7 @@ from openglm.swe.gitutil import commit_file_change, git, init_repo, unified_diff
 from openglm.swe.harness.run import HarnessConfig, Sandbox, pytest_command, test_files
 from openglm.swe.logparse import test_passed
 from openglm.swe.testrun import per_test_lines, run_pytest
+from openglm.util.files import write_atomic
 
 # Bump when the selection rules change, so cached per-package instance files are not reused.
 GENERATOR_VERSION = 2
@@ -271,11 +272,11 @@ def generate(specs: list[PackageSpec], config: GenConfig) -> Path:
         else:
             miner = PackageMiner(spec, config)
             mined = miner.mine()
-            _write(cache, json.dumps(mined, indent=1))
+            write_atomic(cache, json.dumps(mined, indent=1))
             note = f"screened mutants rejected when graded: {miner.rejected or 'none'}"
         print(f"{spec.slug}: {len(mined)} instances ({note})", file=sys.stderr)
         everything += mined
-    _write(out / "instances.jsonl", "".join(json.dumps(i) + "\n" for i in everything))
+    write_atomic(out / "instances.jsonl", "".join(json.dumps(i) + "\n" for i in everything))
     return out / "instances.jsonl"
 
 
@@ -285,11 +286,5 @@ def export_queries(instances: list[dict], path: Path) -> None:
              "query": i["problem_statement"], "file": i["openglm_bug"]["file"],
              "function": i["openglm_bug"]["function"], "lines": i["openglm_bug"]["lines"]}
             for i in instances if "openglm_bug" in i]
-    _write(path, "".join(json.dumps(r) + "\n" for r in rows))
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
 
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
