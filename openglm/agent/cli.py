@@ -7,9 +7,6 @@ import json
 import os
 import sys
 
-from openglm.agent.config import AgentConfig
-from openglm.agent.llm import ModelSpec
-from openglm.client import GLMClient, GLMClientError
 
 DEFAULT_URL = "http://127.0.0.1:8100"
 
@@ -25,8 +22,10 @@ def add_model_flags(p) -> None:
     p.add_argument("--fallback-model", help="fallback model name (default: --model)")
 
 
-def model_spec_from_args(args) -> ModelSpec | None:
+def model_spec_from_args(args):
     """The ModelSpec the model flags give, or None when none was given."""
+    from openglm.agent.llm import ModelSpec  # httpx: loaded when a command runs, `openglm --help` stays fast
+
     if args.replay:
         return ModelSpec(replay=args.replay)
     if not args.model_url:
@@ -48,11 +47,15 @@ def _config_args(p):
 
 
 def _load_config(args):
+    from openglm.agent.config import AgentConfig  # (as above)
+
     return AgentConfig.load(args.config, data_dir=args.data_dir, store=args.store, model=model_spec_from_args(args),
                             lease_ttl=args.lease_ttl)
 
 
 def _client(args):
+    from openglm.client import GLMClient  # httpx: loaded when a command runs
+
     return GLMClient(args.server, api_key=args.token)
 
 
@@ -64,6 +67,8 @@ def _reporting_api_errors(func):
     """Run a `task` action; an error answer from the task API is one line on stderr and exit 2."""
 
     def run(args):
+        from openglm.client import GLMClientError  # (as above)
+
         try:
             return func(args)
         except GLMClientError as e:
