@@ -77,7 +77,9 @@ class MLAttention(nn.Module):
         elif self.pattern is not None:  # local+global+random / sliding window: block-sparse over the latents
             o_lat = mla_pattern_attention(q_full, keys, self.rank, self.pattern, self.scale, key_valid, chunk)
         else:
-            o_lat = attend_dense(q_full, keys, keys[..., : self.rank], key_valid, past, self.scale, chunk)
+            # Values = the whole key row, sliced after: SDPA's fused (flash) kernel needs equal key and value
+            # widths; with values of width `rank` it falls back to materialising the T x N scores.
+            o_lat = attend_dense(q_full, keys, keys, key_valid, past, self.scale, chunk)[..., : self.rank]
         # Un-absorb W_uv: o_h = W_uv (sum_j p_j c_j)
         o = per_head_matmul(o_lat, w_uv.transpose(1, 2))  # [B, T, H, v]
         o = o.reshape(B, T, self.n_heads * self.v_dim)

@@ -38,8 +38,8 @@ SCORE_DTYPES = (torch.float32, torch.bfloat16)
 # A block of at most this many queries per sequence (decode steps) attends by one batched gather + bmm: the
 # key-major passes cost a few calls per sequence and head, more than they save on so few pairs.
 FEW_QUERIES = 8
-SMALL_ROWS = 64  # a gathered block of at most this many (sequence, query) rows without autograd computes in fp32
-GATHER_BLOCK_BYTES = 8 << 20  # gathered rows of one block: small blocks reuse heap memory
+SMALL_ROWS = 64  # a gather of at most this many (sequence, query) rows without autograd computes in fp32
+GATHER_BLOCK_BYTES = 4 << 20  # gathered rows of one block: small blocks stay in cache and reuse one buffer
 
 
 def _pair_block(n_top: int, n_queries: int, budget_bytes: int, native: bool) -> int:
@@ -258,33 +258,31 @@ class _Selector:
         row is masked and top-k'd in C (one pass for the threshold sample, one to keep candidates). A block of
         few queries (a decode step) scores its keys in one matmul over the key view: no tiles, no copy."""
         b, nq, hi, di = index_q.shape
+        rows_n = b * nq  # after the matmul every (sequence, query) row is independent: one C call for all
         q = index_q.reshape(b, nq * hi, di).to(self.score_dtype)
         w = (weights.float() * self.scale).contiguous()  # relu(scale * x) = scale * relu(x): scale > 0
-        rows = self.scratch.take("rows", (b, nq, scored), torch.float32)
+        rows = self.scratch.take("rows", (rows_n, scored), torch.float32)
         if self.plain:  # query slot t sees the slots up to t
-            n_keys, visible = torch.arange(qs + 1, qe + 1).expand(b, nq).contiguous(), None
+            n_keys = torch.full((rows_n,), qe) if nq == 1 else torch.arange(qs + 1, qe + 1).repeat(b)
+            visible = None
         else:
-            n_keys, visible = torch.full((b, nq), qe), self._visible(qs, qe).to(torch.uint8).contiguous()
+            n_keys, visible = torch.full((rows_n,), qe), self._visible(qs, qe).to(torch.uint8).contiguous()
         is_bf16 = int(self.score_dtype == torch.bfloat16)
         if nq <= FEW_QUERIES:
             heads = torch.bmm(q, self.kt[:, :, :qe])  # [B, nq * Hi, qe]
-            for i in range(b):
-                lib.dsa_head_sum(ptr(heads[i]), is_bf16, nq, hi, qe, ptr(w[i]), ptr(n_keys[i]), 0, ptr(rows[i]), scored)
+            lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, qe, ptr(w), ptr(n_keys), 0, ptr(rows), scored)
         else:
             t = self.key_tile
             tiles = self._tiles()
             heads = self.scratch.take("heads", (b, nq * hi, t), self.score_dtype)
-            for c0 in range(0, scored, t):
+            for c0 in range(0, scored, t):  # keys past n_keys (the tile's padding among them) are not read
                 torch.bmm(q, tiles[:, c0 // t], out=heads)
-                for i in range(b):  # keys past n_keys (the tile's padding among them) are not read
-                    lib.dsa_head_sum(ptr(heads[i]), is_bf16, nq, hi, t, ptr(w[i]), ptr(n_keys[i]), c0,
-                                     ptr(rows[i]), scored)
+                lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, t, ptr(w), ptr(n_keys), c0, ptr(rows), scored)
         out = torch.empty(b, nq, self.n_top, dtype=torch.long, device=index_q.device)
         work = self.scratch.take("work", (4 * scored,), torch.float32)
         n_sample = int(PREFILTER_SLACK * self.n_top / PREFILTER_STRIDE)
-        for i in range(b):
-            lib.dsa_rows_topk(ptr(rows[i]), scored, nq, ptr(n_keys[i]), None if visible is None else ptr(visible[i]),
-                              qe, self.n_top, PREFILTER_STRIDE, n_sample, ptr(out[i]), self.n_top, ptr(work))
+        lib.dsa_rows_topk(ptr(rows), scored, rows_n, ptr(n_keys), None if visible is None else ptr(visible), qe,
+                          self.n_top, PREFILTER_STRIDE, n_sample, ptr(out), self.n_top, ptr(work))
         return out
 
     def _tiles(self) -> torch.Tensor:
@@ -325,14 +323,18 @@ def gather_attention(q, k, v, topk_idx, *, scale: float | None = None,
     if topk_idx.shape[:2] != (b, tq):
         raise ValueError(f"topk_idx has shape {tuple(topk_idx.shape)}, expected ({b}, {tq}, K)")
     scale = dk ** -0.5 if scale is None else scale
-    if topk_idx.numel() and int(topk_idx.max()) >= tk:  # the native kernels would read past the cache
-        raise IndexError(f"topk_idx holds slot {int(topk_idx.max())}, but there are only {tk} keys")
+    lo, hi = (int(x) for x in torch.aminmax(topk_idx)) if topk_idx.numel() else (0, -1)
+    if hi >= tk:  # the native kernels would read past the cache
+        raise IndexError(f"topk_idx holds slot {hi}, but there are only {tk} keys")
+    complete = lo >= 0  # no unused slot anywhere (decode without padding): nothing to mask or zero
     # A CSR row cannot hold more entries than the matrix has columns (padding entries repeat slot 0).
     if (needs_grad(q, k, v) or tq <= FEW_QUERIES or q.dtype != torch.float32 or k.dtype != torch.float32
             or topk_idx.shape[-1] > tk):
-        out = _gathered_attend(q, k, v, topk_idx, scale, budget_bytes)
+        out = _gathered_attend(q, k, v, topk_idx, scale, budget_bytes, complete)
+        if complete:
+            return out
     else:
-        out = q.new_empty(b, h, tq, v.shape[-1])
+        out = _output_like(q, v.shape[-1])
         n_top = max(1, topk_idx.shape[-1])
         lib = dsa_kernels() if v.dtype == torch.float32 else None
         block = _pair_block(n_top, tq, budget_bytes, lib is not None)
@@ -416,11 +418,12 @@ def _native_attend(lib, q, k, v, idx, scale: float, out) -> None:
         out.copy_(o)
 
 
-def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int):
+def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int, complete: bool = False):
     """Gather each query block's selected key (and value) rows for all sequences at once, then matmul +
     softmax + matmul; differentiable. [B, H, Tq, Dv] in q's dtype; rows with no slot come out finite (the
-    caller zeroes them). A block of at most SMALL_ROWS queries without autograd computes in fp32 even for
-    bf16 inputs: oneDNN's set-up for a bf16 bmm this small costs more than converting the rows."""
+    caller zeroes them). complete: no slot is -1 (then nothing is masked). At most SMALL_ROWS (sequence, query)
+    rows in all (decode) without autograd compute in fp32 even for bf16 inputs: oneDNN's set-up for a bf16 bmm
+    this small costs more than converting the rows."""
     b, h, tq, dk = q.shape
     hkv, dv = k.shape[1], v.shape[-1]
     g, n_top = h // hkv, topk_idx.shape[-1]
@@ -430,16 +433,18 @@ def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int):
     per_query = b * n_top * hkv * (dk + (0 if shared else dv)) * q.element_size() + 8 * b * h * n_top
     block = _block(per_query, tq, min(budget_bytes, GATHER_BLOCK_BYTES))
     qt = q.transpose(1, 2)  # [B, Tq, H, Dk]: the model's own layout, so usually a view
+    # Without autograd one gather buffer serves every block: fresh multi-MB allocations page-fault each time.
+    reuse = block < tq and not (torch.is_grad_enabled() and k_rows.requires_grad)
+    k_buf = k_rows.new_empty(b * block * n_top, k_rows.shape[1]) if reuse else None
+    work = torch.float32 if b * tq <= SMALL_ROWS and not torch.is_grad_enabled() else q.dtype
     out = []
     for s in range(0, tq, block):
         e = min(tq, s + block)
         n = e - s
         ix = topk_idx[:, s:e].long()
-        ok = ix >= 0
-        ok = ok | ~ok.any(-1, keepdim=True)  # rows with nothing selected: avoid NaN (zeroed by the caller)
-        ix = ix.clamp(min=0)
-        work = torch.float32 if b * n <= SMALL_ROWS and not torch.is_grad_enabled() else q.dtype
-        kg = _take_rows(k_rows, ix, k_stride, hkv * dk).to(work)  # [B*n*K, Hkv*Dk]
+        unused = None if complete else ix < 0
+        ix = ix if complete else ix.clamp(min=0)
+        kg = _take_rows(k_rows, ix, k_stride, hkv * dk, k_buf).to(work)  # [B*n*K, Hkv*Dk]
         vg = kg if shared else _take_rows(v_rows, ix, v_stride, hkv * dv).to(work)
         if hkv == 1:  # MQA / MLA latent: one [H, Dk] x [Dk, K] product per query, no head axis on the keys
             k3, v3 = kg.view(b * n, n_top, dk), vg.view(b * n, n_top, -1)[..., :dv]
@@ -447,12 +452,26 @@ def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int):
             k3 = kg.view(b * n, n_top, hkv, dk).transpose(1, 2).reshape(b * n * hkv, n_top, dk)
             v3 = vg.view(b * n, n_top, hkv, -1)[..., :dv].transpose(1, 2).reshape(b * n * hkv, n_top, dv)
         q3 = qt[:, s:e].reshape(b * n * hkv, g, dk).to(work)
-        sc = torch.bmm(q3, k3.transpose(1, 2)).float() * scale  # [B*n*Hkv, G, K]
-        mask = ~ok.view(b * n, 1, 1, n_top).expand(b * n, hkv, 1, n_top).reshape(b * n * hkv, 1, n_top)
-        p = torch.softmax(sc.masked_fill(mask, float("-inf")), -1).to(work)
+        sc = torch.bmm(q3, k3.transpose(1, 2)).float().mul_(scale)  # [B*n*Hkv, G, K]
+        if unused is not None:
+            mask = unused.view(b * n, 1, n_top)
+            if hkv > 1:  # the rows are (sequence, query, key head)
+                mask = mask.repeat_interleave(hkv, 0)
+            # The most negative float, not -inf: a row with nothing selected stays finite (the caller zeroes it).
+            sc = sc.masked_fill_(mask, torch.finfo(torch.float32).min)
+        p = torch.softmax(sc, -1).to(work)
         out.append(torch.bmm(p, v3).view(b, n, h, dv))
     o = torch.cat(out, 1) if len(out) > 1 else out[0]
     return o.to(q.dtype).transpose(1, 2)
+
+
+def _output_like(q, dv: int) -> torch.Tensor:
+    """An empty [B, H, Tq, dv] output in q's memory layout: a transposed view of [B, Tq, H, dv] when q is one
+    (the model's layout), so that the caller's transpose back is free."""
+    b, h, tq, _ = q.shape
+    if q.transpose(1, 2).is_contiguous():
+        return q.new_empty(b, tq, h, dv).transpose(1, 2)
+    return q.new_empty(b, h, tq, dv)
 
 
 def _values_in_keys(k, v) -> bool:
@@ -461,10 +480,13 @@ def _values_in_keys(k, v) -> bool:
             and v.data_ptr() == k.data_ptr() and v.shape[-1] <= k.shape[-1])
 
 
-def _take_rows(rows, ix, stride: int, width: int) -> torch.Tensor:
-    """rows [B*S, W] gathered at the slots ix [B, n, K] of each sequence: [B*n*K, width]."""
+def _take_rows(rows, ix, stride: int, width: int, buf=None) -> torch.Tensor:
+    """rows [B*S, W] gathered at the slots ix [B, n, K] of each sequence: [B*n*K, width] (into buf's front)."""
     offsets = torch.arange(0, ix.shape[0] * stride, stride, device=ix.device)[:, None, None]
-    return rows.index_select(0, (ix + offsets).view(-1))[:, :width]
+    flat = (ix + offsets).view(-1)
+    if buf is None:
+        return rows.index_select(0, flat)[:, :width]
+    return torch.index_select(rows, 0, flat, out=buf[: flat.numel()])[:, :width]
 
 
 def key_rows(k: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -530,24 +552,28 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
     if value_dtype != torch.float32 and not grad:
         v = v.to(value_dtype)  # one O(N) cast, not one per block
     slots = torch.full((b, tq, n_top), -1, dtype=torch.long, device=q.device) if return_slots else None
-    out = [] if grad else q.new_empty(b, h, tq, v.shape[-1])  # autograd: chunks concatenated, no in-place writes
+    single = chunk >= tq  # one chunk: its output is the result
+    out = [] if grad or single else _output_like(q, v.shape[-1])  # autograd: chunks concatenated, no in-place writes
     for c in range(0, tq, chunk):
         ce = min(tq, c + chunk)
         qe = past + ce  # the chunk only ever sees keys up to its last query
-        idx = torch.full((b, ce - c, min(n_top, qe)), -1, dtype=torch.long, device=q.device)
         with torch.no_grad():
-            for s in range(c, ce, block):
-                e = min(ce, s + block)
-                sel = select(index_q[:, s:e], weights[:, s:e], past + s, past + e)
-                idx[:, s - c:e - c, :sel.shape[-1]] = sel
+            if ce - c <= block:  # one block (a decode step): its selection is the chunk's
+                idx = select(index_q[:, c:ce], weights[:, c:ce], past + c, qe)
+            else:
+                idx = torch.full((b, ce - c, min(n_top, qe)), -1, dtype=torch.long, device=q.device)
+                for s in range(c, ce, block):
+                    e = min(ce, s + block)
+                    sel = select(index_q[:, s:e], weights[:, s:e], past + s, past + e)
+                    idx[:, s - c:e - c, :sel.shape[-1]] = sel
         if slots is not None:
             slots[:, c:ce, :idx.shape[-1]] = idx
         o = gather_attention(q[:, :, c:ce], k[:, :, :qe], v[:, :, :qe], idx, scale=scale, budget_bytes=budget_bytes,
                              sorted_slots=True)
-        if grad:
+        if isinstance(out, list):
             out.append(o)
         else:
             out[:, :, c:ce] = o
-    if grad:
+    if isinstance(out, list):
         out = torch.cat(out, 2) if len(out) > 1 else out[0]
     return (out, slots) if return_slots else out

@@ -124,3 +124,11 @@ def test_latent_keys_are_a_zero_copy_view_of_the_cache_and_equal_the_concatenati
     k, k_copy = keys.transpose(1, 2), want.contiguous().transpose(1, 2)
     got = gather_attention(q, k, k[..., :6], idx, scale=0.4)
     assert torch.allclose(got, gather_attention(q, k_copy, k_copy[..., :6], idx, scale=0.4), atol=1e-6)
+
+
+def test_logits_to_keep_returns_the_last_positions_only():
+    m = _model()
+    ids = torch.randint(3, m.config.vocab_size, (2, 9))
+    with torch.no_grad():
+        full, last = m(ids).logits, m(ids, logits_to_keep=2).logits
+    assert last.shape == (2, 2, m.config.vocab_size) and torch.allclose(last, full[:, -2:], atol=1e-6)
