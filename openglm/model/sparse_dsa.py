@@ -241,7 +241,14 @@ class _Selector:
             sc[:, :, qs:qe].masked_fill_(future, float("-inf"))
         else:
             sc[:, :, :qe].masked_fill_(~self._visible(qs, qe), float("-inf"))
-        return _top_slots(sc, self.n_top)
+        out = _top_slots(sc, self.n_top)
+        # Rows whose k-th score is tied beyond the places left: torch.topk's choice over the whole key range.
+        ok = out >= 0
+        kth = sc.gather(-1, out.clamp(min=0)).masked_fill_(~ok, float("inf")).amin(-1, keepdim=True)
+        ambiguous = ((sc == kth).sum(-1) > ((sc.gather(-1, out.clamp(min=0)) == kth) & ok).sum(-1)) & ok.all(-1)
+        if bool(ambiguous.any()):
+            out[ambiguous] = self._tie_break(sc[ambiguous])
+        return out
 
     def _keys_t(self, qe: int, scored: int) -> torch.Tensor:
         """The transposed keys [B, Di, scored] of the torch-op path: a view of the first qe keys when no tile
@@ -280,10 +287,23 @@ class _Selector:
                 lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, t, ptr(w), ptr(n_keys), c0, ptr(rows), scored)
         out = torch.empty(b, nq, self.n_top, dtype=torch.long, device=index_q.device)
         work = self.scratch.take("work", (4 * scored,), torch.float32)
+        tied = torch.empty(rows_n, dtype=torch.uint8)
         n_sample = int(PREFILTER_SLACK * self.n_top / PREFILTER_STRIDE)
         lib.dsa_rows_topk(ptr(rows), scored, rows_n, ptr(n_keys), None if visible is None else ptr(visible), qe,
-                          self.n_top, PREFILTER_STRIDE, n_sample, ptr(out), self.n_top, ptr(work))
+                          self.n_top, PREFILTER_STRIDE, n_sample, ptr(out), self.n_top, ptr(work), ptr(tied))
+        if bool(tied.any()):
+            r = tied.bool().nonzero().squeeze(1)
+            beyond = torch.arange(scored)[None, :] >= n_keys[r, None]  # not written by the C: invisible
+            out.view(rows_n, -1)[r] = self._tie_break(rows[r].masked_fill(beyond, float("-inf")))
         return out
+
+    def _tie_break(self, sc: torch.Tensor) -> torch.Tensor:
+        """Slots of score rows sc [R, <= Tk] (-inf = invisible) whose k-th score is tied beyond the places left:
+        which tied keys win is then arbitrary, so the choice is torch.topk's over the whole key range (the
+        reference's, transformers', formulation: one row of Tk scores, -inf where invisible), so that a model
+        selects what transformers selects even with exact ties (relu zeros are common with few index heads)."""
+        full = F.pad(sc, (0, self.kt.shape[-1] - sc.shape[-1]), value=float("-inf"))
+        return _plain_top(full, self.n_top)
 
     def _tiles(self) -> torch.Tensor:
         """The keys cut into [B, tiles, Di, key_tile] (zero keys pad the last): each tile's matmul reads a
