@@ -312,17 +312,20 @@ void dsa_head_sum(const void *x, int is_bf16, int64_t nq, int64_t nh, int64_t tx
 
 /* Top n_top slots of each score row [nq, row_s] among its first n_keys[i] (see top_row); visible [nq, vis_s]
    (optional, 1 = visible) hides keys. out [nq, out_s]. work: 4 * row_s floats. tied [nq] (optional): 1 where
-   the row's k-th score was tied beyond the places left (see top_row). */
-void dsa_rows_topk(float *rows, int64_t row_s, int64_t nq, const int64_t *n_keys, const uint8_t *visible,
+   the row's k-th score was tied beyond the places left (see top_row). Returns how many rows were. */
+int64_t dsa_rows_topk(float *rows, int64_t row_s, int64_t nq, const int64_t *n_keys, const uint8_t *visible,
                    int64_t vis_s, int64_t n_top, int64_t stride, int64_t n_sample, int64_t *out, int64_t out_s,
                    float *work, uint8_t *tied) {
     float *cand_v = work, *tmp = work + row_s, *buf = work + 2 * row_s;
     int32_t *cand_j = (int32_t *)(work + 3 * row_s);
+    int64_t n_tied = 0;
     for (int64_t i = 0; i < nq; i++) {
         float *row = rows + i * row_s;
         if (visible)
             for (int64_t j = 0; j < n_keys[i]; j++) if (!visible[i * vis_s + j]) row[j] = -__builtin_inff();
         int t = top_row(row, n_keys[i], n_top, stride, n_sample, out + i * out_s, cand_v, cand_j, tmp, buf);
         if (tied) tied[i] = (uint8_t)t;
+        n_tied += t;
     }
+    return n_tied;
 }

@@ -134,6 +134,8 @@ class GlmMoeDsaForCausalLM(nn.Module):
         token_mask = attention_mask[:, past:].reshape(-1).bool() if attention_mask is not None else None
         selection, layer_stats = None, []
         for layer in self.model.layers:
+            if layer.self_attn.indexer is not None:
+                selection = None  # a layer with its own indexer selects anew: free the old slots ([B, T, k]) first
             h, sel, stats = layer(h, rot, key_valid, past, cache, selection, token_mask, return_aux)
             if layer.self_attn.kind == "dsa":
                 selection = sel

@@ -206,7 +206,7 @@ class _Selector:
         # exactly its visible keys made ~1 MiB of cache per block (0.5 GiB at 32K). In bf16 the scored range
         # is rounded up to KEY_TILE keys (zero keys, masked), so only Tk / KEY_TILE shapes ever occur.
         self.tile = KEY_TILE if score_dtype != torch.float32 else 1
-        self.kt = index_k.detach().transpose(1, 2).to(score_dtype)  # [B, Di, Tk]: one cast for all blocks, a view in fp32
+        self.kt = index_k.transpose(1, 2).to(score_dtype)  # [B, Di, Tk]: one cast for all blocks, a view in fp32
         self.scale, self.score_dtype, self.block, self.n_top = scale, score_dtype, block, min(topk, tk)
         # Without padding or explicit positions, slot order is causal order: only a triangle is hidden.
         self.plain = key_mask is None and key_pos is None
@@ -230,7 +230,6 @@ class _Selector:
         if qe <= self.n_top:  # every visible key fits: no scoring, no top-k
             ok = self._visible(qs, qe)
             return torch.arange(qe, device=ok.device).expand(ok.shape).masked_fill(~ok, -1)
-        index_q, weights = index_q.detach(), weights.detach()
         scored = -(-qe // self.tile) * self.tile
         if self.lib is not None:
             return self._native_top(self.lib, index_q, weights, qs, qe, scored)
@@ -289,9 +288,8 @@ class _Selector:
         work = self.scratch.take("work", (4 * scored,), torch.float32)
         tied = torch.empty(rows_n, dtype=torch.uint8)
         n_sample = int(PREFILTER_SLACK * self.n_top / PREFILTER_STRIDE)
-        lib.dsa_rows_topk(ptr(rows), scored, rows_n, ptr(n_keys), None if visible is None else ptr(visible), qe,
-                          self.n_top, PREFILTER_STRIDE, n_sample, ptr(out), self.n_top, ptr(work), ptr(tied))
-        if bool(tied.any()):
+        if lib.dsa_rows_topk(ptr(rows), scored, rows_n, ptr(n_keys), None if visible is None else ptr(visible), qe,
+                             self.n_top, PREFILTER_STRIDE, n_sample, ptr(out), self.n_top, ptr(work), ptr(tied)):
             r = tied.bool().nonzero().squeeze(1)
             beyond = torch.arange(scored)[None, :] >= n_keys[r, None]  # not written by the C: invisible
             out.view(rows_n, -1)[r] = self._tie_break(rows[r].masked_fill(beyond, float("-inf")))
@@ -342,11 +340,18 @@ def gather_attention(q, k, v, topk_idx, *, scale: float | None = None,
     tk = k.shape[2]
     if topk_idx.shape[:2] != (b, tq):
         raise ValueError(f"topk_idx has shape {tuple(topk_idx.shape)}, expected ({b}, {tq}, K)")
-    scale = dk ** -0.5 if scale is None else scale
-    lo, hi = (int(x) for x in torch.aminmax(topk_idx)) if topk_idx.numel() else (0, -1)
+    lo, hi = torch.stack(torch.aminmax(topk_idx)).tolist() if topk_idx.numel() else (0, -1)
     if hi >= tk:  # the native kernels would read past the cache
         raise IndexError(f"topk_idx holds slot {hi}, but there are only {tk} keys")
-    complete = lo >= 0  # no unused slot anywhere (decode without padding): nothing to mask or zero
+    return _attend_slots(q, k, v, topk_idx, dk ** -0.5 if scale is None else scale, budget_bytes, sorted_slots,
+                         complete=lo >= 0)
+
+
+def _attend_slots(q, k, v, topk_idx, scale: float, budget_bytes: int, sorted_slots: bool, complete: bool):
+    """gather_attention without its checks, for slots this module selected. complete: no slot is -1 anywhere
+    (a decode step without padding): nothing to mask or zero."""
+    b, h, tq, dk = q.shape
+    tk = k.shape[2]
     # A CSR row cannot hold more entries than the matrix has columns (padding entries repeat slot 0).
     if (needs_grad(q, k, v) or tq <= FEW_QUERIES or q.dtype != torch.float32 or k.dtype != torch.float32
             or topk_idx.shape[-1] > tk):
@@ -548,7 +553,7 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
     a few blocks, so memory is O(block x N + chunk x k) (the top-k slots of the whole sequence alone would be
     Tq x k x 8 bytes: 1 GiB at 64K x 2048).
     Blocks whose queries see at most `topk` keys skip the indexer: every visible key is selected. [B,H,Tq,Dv];
-    with return_slots, also the slots [B, Tq, min(topk, Tk)] (-1 = none) for a layer that shares this
+    with return_slots, also the slots [B, Tq, min(topk, Tk)] (int32, -1 = none) for a layer that shares this
     selection (`gather_attention`). query_chunk: queries per indexer block (default: sized from the budget).
     Works with autograd through q, k, v (the selection itself is not differentiable).
     score_dtype / value_dtype = torch.bfloat16: indexer matmul / weighted value sum in bf16 (opt-in speed;
@@ -561,7 +566,9 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
     tk, hi, di = k.shape[2], index_q.shape[2], index_q.shape[3]
     index_scale = _check_scale(di ** -0.5 if index_scale is None else index_scale)
     past = tk - tq
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     grad = needs_grad(q, k, v)
+    index_q, weights, index_k = index_q.detach(), weights.detach(), index_k.detach()  # the selection has no gradient
     select = _Selector(index_k, key_mask, key_pos, index_scale, topk, score_dtype,
                        query_chunk or _block(4 * (hi + 2) * tk, tq, budget_bytes), hi)
     block, n_top = select.block, select.n_top
@@ -571,8 +578,9 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
     chunk = block if query_chunk else max(block, _pair_block(n_top, tq, budget_bytes, native) // block * block)
     if value_dtype != torch.float32 and not grad:
         v = v.to(value_dtype)  # one O(N) cast, not one per block
-    slots = torch.full((b, tq, n_top), -1, dtype=torch.long, device=q.device) if return_slots else None
-    single = chunk >= tq  # one chunk: its output is the result
+    single = chunk >= tq  # one chunk: its output (and its slots) are the result
+    # The slots a shared layer reuses are kept as int32: [B, Tq, k] of them (64 MiB at 64K x 128 in int64).
+    slots = None if not return_slots or single else torch.full((b, tq, n_top), -1, dtype=torch.int32, device=q.device)
     out = [] if grad or single else _output_like(q, v.shape[-1])  # autograd: chunks concatenated, no in-place writes
     for c in range(0, tq, chunk):
         ce = min(tq, c + chunk)
@@ -586,10 +594,13 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
                     e = min(ce, s + block)
                     sel = select(index_q[:, s:e], weights[:, s:e], past + s, past + e)
                     idx[:, s - c:e - c, :sel.shape[-1]] = sel
-        if slots is not None:
+        if return_slots and single:
+            slots = F.pad(idx, (0, n_top - idx.shape[-1]), value=-1).to(torch.int32)
+        elif return_slots:
             slots[:, c:ce, :idx.shape[-1]] = idx
-        o = gather_attention(q[:, :, c:ce], k[:, :, :qe], v[:, :, :qe], idx, scale=scale, budget_bytes=budget_bytes,
-                             sorted_slots=True)
+        # Every query past the first n_top slots of a sequence without padding sees n_top keys: no slot unused.
+        complete = select.plain and past + c >= n_top or bool((idx >= 0).all())
+        o = _attend_slots(q[:, :, c:ce], k[:, :, :qe], v[:, :, :qe], idx, scale, budget_bytes, True, complete)
         if isinstance(out, list):
             out.append(o)
         else:
