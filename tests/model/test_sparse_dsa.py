@@ -200,59 +200,6 @@ def test_gather_rejects_slots_past_the_cache():
         gather_attention(q, k, v, torch.full((1, 10, 3), 10))
 
 
-def naive_model_layout(q, k, v, allowed, scale):
-    """q [B,T,H,D], k/v [B,N,Hk,*], allowed [B,T,N] -> [B,T,H,Dv] (full score matrix in memory)."""
-    g = q.shape[2] // k.shape[2]
-    k, v = k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)
-    s = torch.einsum("bthd,bnhd->bhtn", q, k) * scale
-    s = s.masked_fill(~allowed[:, None], float("-inf")).softmax(-1)
-    return torch.einsum("bhtn,bnhd->bthd", s, v)
-
-
-def model_layout_gather(q, k, v, slots, scale):
-    """gather_attention on the model's [B, T, H, D] / [B, N, Hk, D] tensors, passed as transposed views."""
-    return gather_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), slots, scale=scale).transpose(1, 2)
-
-
-def test_few_query_gather_equals_dense_with_the_same_key_set():
-    """The decode-sized path (<= FEW_QUERIES queries: one batched gather) on strided views, GQA and MLA-style
-    values (the keys' leading channels, gathered once with them)."""
-    torch.manual_seed(0)
-    B, T, N, H, Hk, D, K = 2, 5, 12, 4, 2, 8, 4
-    assert T <= sparse_dsa.FEW_QUERIES
-    q, k, v = torch.randn(B, T, H, D), torch.randn(B, N, Hk, D), torch.randn(B, N, Hk, 6)
-    idx = torch.stack([torch.randperm(N)[:K] for _ in range(B * T)]).view(B, T, K)
-    valid = torch.rand(B, T, K) > 0.3
-    valid[..., 0] = True
-    allowed = torch.zeros(B, T, N, dtype=torch.bool).scatter_(2, idx, valid)
-    slots = idx.masked_fill(~valid, -1)
-    assert torch.allclose(model_layout_gather(q, k, v, slots, 0.3), naive_model_layout(q, k, v, allowed, 0.3), atol=1e-5)
-    k1 = torch.randn(B, N, 1, D)
-    out = model_layout_gather(q, k1, k1[..., :5], slots, 0.3)
-    assert torch.allclose(out, naive_model_layout(q, k1, k1[..., :5], allowed, 0.3), atol=1e-5)
-
-
-def test_few_query_gather_in_bf16_without_autograd_matches_fp32():
-    """bf16 inputs of a decode-sized block are computed in fp32 without autograd; one key head (MQA / MLA
-    latent), separate values or key-prefix values, an unused slot per query."""
-    torch.manual_seed(2)
-    B, T, N, H, D, K = 3, 2, 10, 4, 8, 5
-    q, k, v = torch.randn(B, T, H, D), torch.randn(B, N, 1, D), torch.randn(B, N, 1, 6)
-    idx = torch.stack([torch.randperm(N)[:K] for _ in range(B * T)]).view(B, T, K)
-    valid = torch.ones(B, T, K, dtype=torch.bool)
-    valid[..., -1] = False
-    allowed = torch.zeros(B, T, N, dtype=torch.bool).scatter_(2, idx, valid)
-    slots = idx.masked_fill(~valid, -1)
-    bf = [t.bfloat16() for t in (q, k, v)]
-    with torch.no_grad():
-        out = model_layout_gather(*bf, slots, 0.3)
-        out_mla = model_layout_gather(bf[0], bf[1], bf[1][..., :5], slots, 0.3)
-    ref = naive_model_layout(*(t.float() for t in bf), allowed, 0.3)
-    ref_mla = naive_model_layout(bf[0].float(), bf[1].float(), bf[1][..., :5].float(), allowed, 0.3)
-    assert out.dtype == torch.bfloat16 and out.shape == (B, T, H, 6)
-    assert (out.float() - ref).abs().max() <= 1e-2 and (out_mla.float() - ref_mla).abs().max() <= 1e-2
-
-
 @pytest.mark.parametrize("budget", [1 << 12, 1 << 26])  # several query blocks (rows shorter than Tk), or one
 def test_ties_at_the_kth_score_pick_what_torch_topk_picks_over_the_whole_row(monkeypatch, budget):
     """Exact ties at the k-th score (relu zeros: every index head's dot product negative) are settled as the
