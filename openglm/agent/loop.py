@@ -20,7 +20,7 @@ from openglm.agent.hooks import Hooks, RunContext, StepRecord
 from openglm.agent.llm.base import ModelResponse
 from openglm.agent.process import live_output_file, running_pidfile
 from openglm.agent.state import rebuild
-from openglm.agent.task import TaskState, parse_constraints
+from openglm.agent.task import TaskState
 from openglm.agent.tools import ToolResult
 from openglm.agent.tools.files import PathEscape, confine
 
@@ -30,7 +30,7 @@ class TaskRun:
         self.store, self.task, self.worker = store, task, worker
         self.model, self.toolbox, self.snapshots, self.policy = model, toolbox, snapshots, policy
         self.hooks = hooks or Hooks()
-        self.constraints = parse_constraints(task.constraints)
+        self.constraints = task.parsed_constraints
         self.state = None
         self.ctx = RunContext(self)
         self._model_call = self._wrap(self.hooks.model_wrappers, lambda m, t: self.model.query(m, t))

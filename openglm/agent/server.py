@@ -23,7 +23,7 @@ def start_workers(config: AgentConfig, n: int, stop: threading.Event) -> list[th
 
 def serve(config: AgentConfig, host: str = "127.0.0.1", port: int = 8100, workers: int = 1,
           token: str | None = None, view_token: str | None = None) -> None:
-    import uvicorn
+    import uvicorn  # the server's heavy dependency: loaded when serving
 
     token = token or os.environ.get("OPENGLM_AGENT_TOKEN") or None
     view_token = view_token or os.environ.get("OPENGLM_AGENT_VIEW_TOKEN") or None

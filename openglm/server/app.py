@@ -25,7 +25,7 @@ from openglm.server.status_page import register as register_status_page
 def create_app(engine, model_name: str, api_key: str | None = None, max_queue: int | None = None) -> FastAPI:
     metrics = ServerMetrics()
     async_engine = AsyncEngine(engine, max_queue or engine.config.max_queue, metrics)
-    vocab = getattr(engine.runner.model.config, "vocab_size", None) or engine.tokenizer.vocab_size
+    vocab = getattr(engine.model_config, "vocab_size", None) or engine.tokenizer.vocab_size
     serving = OpenAIServing(async_engine, engine.tokenizer, model_name, engine.max_model_len, vocab)
     metrics.observe_engine(engine)
 

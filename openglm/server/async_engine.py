@@ -142,8 +142,7 @@ class AsyncEngine:
 
     def _recover(self) -> None:
         """After a failed step nothing may hold blocks: abort everything that is left."""
-        for rid in list(self.engine.requests):
-            self.engine.abort(rid)
+        self.engine.abort_all()
 
 
 class RequestStream:

@@ -34,16 +34,16 @@ class ServerMetrics:
 
     def observe_engine(self, engine) -> None:
         """Refresh the gauges from the engine (called by the engine thread on every pass of its loop)."""
-        bm = engine.block_manager
-        self.running.set(len(engine.scheduler.running))
-        self.waiting.set(len(engine.scheduler.waiting))
-        self.kv_used.set(bm.num_used_blocks)
-        self.kv_total.set(bm.num_blocks)
-        self.kv_cached.set(bm.num_cached_blocks)
-        self.prefix_hits.set(bm.stats["prefix_hits"])
-        self.prefix_queries.set(bm.stats["prefix_queries"])
-        self.preemptions.set(engine.scheduler.num_preemptions)
-        now, total = time.monotonic(), engine.stats["generation_tokens"]
+        s = engine.stats()
+        self.running.set(s.running)
+        self.waiting.set(s.waiting)
+        self.kv_used.set(s.kv_blocks_used)
+        self.kv_total.set(s.kv_blocks_total)
+        self.kv_cached.set(s.kv_blocks_cached)
+        self.prefix_hits.set(s.prefix_hit_blocks)
+        self.prefix_queries.set(s.prefix_query_blocks)
+        self.preemptions.set(s.preemptions)
+        now, total = time.monotonic(), s.generation_tokens
         self._window = [(t, n) for t, n in self._window if now - t < 5.0] + [(now, total)]
         t0, n0 = self._window[0]
         self.tokens_per_s.set((total - n0) / (now - t0) if now > t0 else 0.0)

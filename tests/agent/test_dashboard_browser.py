@@ -44,7 +44,7 @@ def dash(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dash")
     (tmp / "config.json").write_text(json.dumps(RESILIENCE))
     default = write_script(tmp / "default.jsonl", [turn(call("submit", summary="nothing to do"))])
-    srv = AgentServer(tmp, free_port(), default, workers=3, extra=("--config", str(tmp / "config.json"))).wait_ready()
+    srv = AgentServer(tmp, free_port(), default, workers=3, extra_args=("--config", str(tmp / "config.json"))).wait_ready()
     srv.tmp = tmp
     srv.http = httpx.Client(base_url=srv.url, timeout=10)
     srv.leak = submit(srv, "leaky build", [turn(call("bash", command=LEAK)), turn(call("submit", summary="built"))])
