@@ -13,9 +13,7 @@ import time
 
 import httpx
 
-
-DEFAULT_PORT = 8100  # the task API's one default port (`openglm agent-server`, `openglm task --server`)
-DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+from openglm.util.ports import AGENT_PORT as DEFAULT_PORT, AGENT_URL as DEFAULT_URL  # re-exported here
 
 
 class GLMClientError(RuntimeError):
@@ -102,6 +100,10 @@ class GLMClient:
 
     def rollback(self, task_id: str, step: int) -> dict:
         return self._call("POST", f"/v1/tasks/{task_id}/rollback", json={"step": step})
+
+    def trajectory(self, task_id: str) -> dict:
+        """Each model turn's prompt, reply, tool calls and results, verdicts (the dashboard's viewer data)."""
+        return self._call("GET", f"/v1/dash/tasks/{task_id}/trajectory")
 
     def wait(self, task_id: str, poll: float = 1.0, timeout: float | None = None,
              until=("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT", "PAUSED", "NEEDS_INPUT")) -> dict:

@@ -26,6 +26,7 @@ from openglm.model.errors import (CheckpointError, CheckpointTooLargeError, Miss
                                   MissingTensorError, UnexpectedTensorError)
 from openglm.model.model import GlmMoeDsaForCausalLM
 from openglm.model.rope import RotaryEmbedding
+from openglm.util.files import replace_dir, restore_replaced_dir
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -51,7 +52,7 @@ def save_pretrained(model: GlmMoeDsaForCausalLM, path, max_shard_size: int = 2 <
             total = sum(t.numel() * t.element_size() for t in tensors.values())
             weight_map = {k: name for name, shard in zip(names, shards) for k in shard}
             _write_json(tmp / INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map})
-        swap_into_place(tmp, path)
+        replace_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -84,33 +85,23 @@ def _write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def swap_into_place(tmp: Path, path: Path) -> None:
-    """Rename the complete folder `tmp` to `path`, replacing an existing one. A kill between the two renames
-    leaves the previous copy in `.NAME.old-*/ckpt`; `restore_interrupted_swap(path)` puts it back."""
-    restore_interrupted_swap(path)
-    if not path.exists():
-        os.replace(tmp, path)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-    os.replace(path, old / "ckpt")
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def restore_interrupted_swap(path) -> None:
-    """Undo a swap killed between its renames: nothing at `path`, its previous copy in `.NAME.old-*/ckpt`."""
-    path = Path(path)
-    if path.exists() or not path.parent.is_dir():
-        return
-    for old in sorted(path.parent.glob(f".{path.name}.old-*")):
-        if (old / "ckpt").is_dir():
-            os.replace(old / "ckpt", path)
-            shutil.rmtree(old, ignore_errors=True)
-            return
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint folder from a step folder, a run folder, or its checkpoints/ folder."""
+    p = Path(path)
+    if (p / "config.json").is_file():
+        return p
+    for pointer in (p / "checkpoints" / "latest", p / "latest"):
+        if pointer.is_file():
+            target = pointer.parent / pointer.read_text().strip()
+            restore_replaced_dir(target)  # a save killed between its renames
+            if (target / "config.json").is_file():
+                return target
+            raise CheckpointError(f"{pointer} points at {target}, which is not a complete checkpoint")
+    raise CheckpointError(f"no checkpoint at {p} (expected config.json, or checkpoints/latest in a run folder)")
 
 
 def read_config(path) -> ModelConfig:
-    restore_interrupted_swap(path)
+    restore_replaced_dir(path)
     cfg_file = Path(path) / "config.json"
     if not cfg_file.is_file():
         raise MissingShardError(f"{cfg_file}: no config.json (is {path} a Hugging Face checkpoint directory?)")

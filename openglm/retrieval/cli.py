@@ -46,7 +46,7 @@ def register(subparsers):
 def _build(args) -> int:
     from dataclasses import asdict
 
-    from .code_index import CodeIndex
+    from .code_index import CodeIndex  # FAISS + torch: loaded when the command runs
     from .embedder import Embedder
 
     from pathlib import Path
@@ -72,7 +72,7 @@ def _build(args) -> int:
 
 
 def _search(args) -> int:
-    from .code_index import CodeIndex
+    from .code_index import CodeIndex  # FAISS + torch: loaded when the command runs
 
     try:
         hits = CodeIndex.open(args.path).search(args.query, args.k, mode=args.mode)

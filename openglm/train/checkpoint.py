@@ -18,13 +18,10 @@ from pathlib import Path
 
 import torch
 
-from openglm.model.checkpoint import restore_interrupted_swap, swap_into_place
+from openglm.model.errors import CheckpointError
+from openglm.util.files import replace_dir, restore_replaced_dir, write_atomic
 
 STATE_FILE = "trainer_state.pt"
-
-
-class CheckpointError(ValueError):
-    """No checkpoint where one was expected, or one that does not fit the current run."""
 
 
 def save_checkpoint(out_dir: str | os.PathLike, step: int, model, trainer_state: dict, tokenizer=None,
@@ -40,28 +37,13 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, model, trainer_state:
             tokenizer.save(tmp)
         torch.save(trainer_state, tmp / STATE_FILE)
         _fsync_dir(tmp)
-        swap_into_place(tmp, final)
-        _write_pointer(root / "latest", final.name)
+        replace_dir(tmp, final)
+        write_atomic(root / "latest", final.name + "\n", fsync=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _prune(root, keep)
     return final
-
-
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint folder from a step folder, a run folder, or its checkpoints/ folder."""
-    p = Path(path)
-    if (p / "config.json").is_file():
-        return p
-    for pointer in (p / "checkpoints" / "latest", p / "latest"):
-        if pointer.is_file():
-            target = pointer.parent / pointer.read_text().strip()
-            restore_interrupted_swap(target)  # a save killed between its renames
-            if (target / "config.json").is_file():
-                return target
-            raise CheckpointError(f"{pointer} points at {target}, which is not a complete checkpoint")
-    raise CheckpointError(f"no checkpoint at {p} (expected config.json, or checkpoints/latest in a run folder)")
 
 
 def load_trainer_state(ckpt: Path) -> dict:
@@ -84,15 +66,6 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _write_pointer(path: Path, name: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _fsync_dir(folder: Path) -> None:
     for file in folder.iterdir():
         if file.is_file():
@@ -102,14 +75,14 @@ def _fsync_dir(folder: Path) -> None:
 
 def _prune(root: Path, keep: int) -> None:
     """Delete old complete checkpoints and the hidden temp folders an earlier crash left (`.tmp-step_*`, the
-    model writer's `..tmp-step_*` and `.step_*.tmp-*`, `.step_*.old-*`), each a full copy of the weights."""
+    model writer's `..tmp-step_*` and `.step_*.tmp-*`, `.old-step_*`), each a full copy of the weights."""
     latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
     steps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_"))
     for p in steps[:-keep] if keep > 0 else []:
         if p.name != latest:
             shutil.rmtree(p, ignore_errors=True)
-    for p in list(root.glob(".step_*.old-*")):
-        restore_interrupted_swap(root / p.name[1:].split(".old-")[0])
+    for p in list(root.glob(".old-step_*")):  # a re-save killed between its renames: the old copy goes back
+        restore_replaced_dir(root / p.name[len(".old-"):].rsplit("-", 1)[0])
     for p in root.iterdir():
         if p.is_dir() and p.name.startswith("."):
             shutil.rmtree(p, ignore_errors=True)

@@ -1,5 +1,5 @@
 """Small helpers shared by every package (a leaf: imports nothing else of openglm).
 
 `lazy` (lazy package exports), `files` (atomic writes), `dataclasses` (strict loading of typed
-configs from dicts).
+configs from dicts), `ports` (default ports shared by servers and clients).
 """
