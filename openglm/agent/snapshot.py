@@ -206,7 +206,7 @@ class Snapshots:
             return self.head
         commit = self._write_commit(tree, self.head, message)
         if self._modes:
-            self._atomic_write(self.git_dir / "modes" / commit, json.dumps(self._modes, sort_keys=True).encode())
+            write_atomic(self.git_dir / "modes" / commit, json.dumps(self._modes, sort_keys=True))
         self._set_head(commit, tree)
         return commit
 

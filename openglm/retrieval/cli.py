@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
 
 def _positive_int(text: str) -> int:
-    import argparse
-
     try:
         value = int(text)
     except ValueError:

@@ -5,6 +5,7 @@ Heavy modules are imported inside the handlers so `openglm --help` stays fast.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -129,8 +130,6 @@ REPO = "repository folder (a git checkout or plain folder)"
 
 
 def existing_dir(text: str) -> str:
-    import argparse
-
     if not Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text} is not a directory (give the repository folder)")
     return text

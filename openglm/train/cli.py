@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -90,8 +91,6 @@ def register(subparsers) -> None:
 
 
 def _seconds(text) -> float:
-    import argparse
-
     try:
         value = float(text)
     except (TypeError, ValueError):

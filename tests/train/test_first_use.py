@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from openglm.train.checkpoint import resolve_checkpoint, save_checkpoint
+from openglm.model.checkpoint import resolve_checkpoint
+from openglm.train.checkpoint import save_checkpoint
 from openglm.train.trainer import train
 
 
