@@ -110,13 +110,14 @@ def _demo(args) -> int:
 
 def _guarded(fn) -> int:
     """Known input problems print one clear line instead of a traceback."""
+    from openglm.model.errors import ModelError
     from openglm.tokenizer import TokenizerError
     from openglm.train.checkpoint import CheckpointError
     from openglm.train.data import CorpusError
     from openglm.train.prepare import TrainSetupError
     from openglm.train.trainer import TrainingDiverged
 
-    known = (TokenizerError, CheckpointError, CorpusError, TrainSetupError, TrainingDiverged, ValueError,
+    known = (TokenizerError, CheckpointError, ModelError, CorpusError, TrainSetupError, TrainingDiverged, ValueError,
              FileNotFoundError)
     try:
         fn()
