@@ -39,20 +39,23 @@ TYPES = {
                      moe_intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                      head_dim=32, use_qk_norm=True, attention_bias=True, n_routed_experts=8, n_shared_experts=1,
                      num_experts_per_tok=2, first_k_dense_replace=1, routed_scaling_factor=1.5,
+                     num_nextn_predict_layers=1,
                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
                      bos_token_id=None, eos_token_id=None, pad_token_id=None),
     "glm4_moe_lite": dict(model_type="glm4_moe_lite", vocab_size=VOCAB, hidden_size=128, intermediate_size=256,
                           moe_intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
                           q_lora_rank=64, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
                           n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
-                          routed_scaling_factor=1.8, bos_token_id=None, eos_token_id=None, pad_token_id=None),
+                          routed_scaling_factor=1.8, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                          num_nextn_predict_layers=1),
     # GLM-5's attention widths (llama.cpp's GLM-DSA graph needs them), everything else small.
     "glm_moe_dsa": dict(model_type="glm_moe_dsa", vocab_size=VOCAB, hidden_size=256, intermediate_size=256,
                         moe_intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2,
                         q_lora_rank=64, kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256,
                         index_n_heads=4, index_head_dim=128, index_topk=2048, indexer_types=["full"] * 3,
                         n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
-                        routed_scaling_factor=1.5, bos_token_id=None, eos_token_id=None, pad_token_id=None),
+                        routed_scaling_factor=1.5, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                        num_nextn_predict_layers=1),
 }
 PROMPT = [5, 77, 123, 42, 260, 9, 301, 17, 88, 150, 3, 211]
 
