@@ -59,16 +59,6 @@ PRESETS: dict[str, dict] = {
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
         bos_token_id=None, eos_token_id=[151329, 151336, 151338], pad_token_id=151329,
     ),
-    # zai-org/GLM-4.5-Air (106B total, 12B active).
-    "glm-4.5-air": dict(
-        model_type="glm4_moe", vocab_size=151552, hidden_size=4096, intermediate_size=10944,
-        moe_intermediate_size=1408, num_hidden_layers=46, num_attention_heads=96, num_key_value_heads=8,
-        head_dim=128, use_qk_norm=False, attention_bias=True, n_routed_experts=128, n_shared_experts=1,
-        num_experts_per_tok=8, n_group=1, topk_group=1, first_k_dense_replace=1, routed_scaling_factor=1.0,
-        max_position_embeddings=131072, rms_norm_eps=1e-5, num_nextn_predict_layers=1,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
-        bos_token_id=None, eos_token_id=[151329, 151336, 151338], pad_token_id=151329,
-    ),
     # zai-org/GLM-4.7-Flash (glm4_moe_lite: MLA + MoE, ~30B total, ~3B active).
     "glm-4.7-flash": dict(
         model_type="glm4_moe_lite", vocab_size=154880, hidden_size=2048, intermediate_size=10240,
@@ -80,6 +70,10 @@ PRESETS: dict[str, dict] = {
         bos_token_id=0, eos_token_id=[154820, 154827, 154829], pad_token_id=154820,
     ),
 }
+# zai-org/GLM-4.5-Air (106B total, 12B active): GLM-4.5 narrower and shallower, without QK-norm.
+PRESETS["glm-4.5-air"] = {**PRESETS["glm-4.5"], "hidden_size": 4096, "intermediate_size": 10944,
+                          "moe_intermediate_size": 1408, "num_hidden_layers": 46, "use_qk_norm": False,
+                          "n_routed_experts": 128, "first_k_dense_replace": 1, "routed_scaling_factor": 1.0}
 # GLM-4.6 and GLM-4.7 keep GLM-4.5's layers and widen the context to 200K.
 PRESETS["glm-4.6"] = {**PRESETS["glm-4.5"], "max_position_embeddings": 202752}
 PRESETS["glm-4.7"] = dict(PRESETS["glm-4.6"])
