@@ -156,8 +156,9 @@ def read_config_json(path) -> dict:
     return d
 
 
-def read_config(path) -> ModelConfig:
-    d = read_config_json(path)
+def read_config(path, d: dict | None = None) -> ModelConfig:
+    """The ModelConfig of a checkpoint folder (`d`: its config.json, when already read)."""
+    d = read_config_json(path) if d is None else d
     try:
         return ModelConfig.from_hf_dict(d)
     except ConfigError as e:
@@ -284,7 +285,7 @@ def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu"
     block-quantised) into GlmMoeDsaForCausalLM (eval mode). `dtype`: the weights' dtype (default: the
     checkpoint's). Every bad input raises a ModelError subclass naming the key, tensor or file."""
     raw = read_config_json(path)
-    cfg = read_config(path)
+    cfg = read_config(path, raw)
     quant = fp8.parse_quantization_config(raw.get("quantization_config"))
     if isinstance(dtype, str):
         if dtype not in DTYPES:
@@ -295,9 +296,8 @@ def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu"
     declared = raw.get("dtype", raw.get("torch_dtype"))
     if declared is not None and not isinstance(declared, str):
         raise ConfigError(f"config.json dtype={declared!r} must be a string")
-    target = dtype or checkpoint_dtype(tensors, declared, quant)
-    if dtype is not None:
-        checkpoint_dtype(tensors, declared, quant)
+    stored = checkpoint_dtype(tensors, declared, quant)  # the dtype rules hold whatever dtype is asked for
+    target = dtype or stored
     _check_memory(Path(path), tensors, target, max_memory)
     n, nextn = cfg.num_hidden_layers, cfg.num_nextn_predict_layers
     mtp_found = {weights.extra_layer(k, n, nextn) for k in tensors} - {None}
