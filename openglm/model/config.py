@@ -198,6 +198,11 @@ class ModelConfig:
             raise ConfigError(f"rope_parameters.rope_type={rope_type!r} is not supported (default, yarn)")
         if rope_type == "yarn" and "factor" not in self.rope_parameters:
             raise ConfigError("rope_parameters.factor is required for rope_type 'yarn'")
+        for key in ("factor", "original_max_position_embeddings", "mscale", "mscale_all_dim", "beta_fast",
+                    "beta_slow", "attention_factor"):
+            value = self.rope_parameters.get(key)
+            if value is not None and (not _is_type(value, "float") or value < 0):
+                raise ConfigError(f"rope_parameters.{key}={value!r} must be a finite number >= 0")
 
     # ---- presets and (de)serialisation ----
     @classmethod

@@ -52,9 +52,10 @@ def test_qk_norm_and_bias_change_the_output(make_pair, padded_batch):
         assert (ours(ids).logits - base).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("preset", ["tiny-glm4-moe", "tiny-glm4-moe-lite"])
-def test_checkpoints_both_directions(preset, tmp_path, make_pair, padded_batch):
-    cfg = ModelConfig.from_preset(preset)
+@pytest.mark.parametrize("variant", ["glm4_moe+qk_norm", "glm4_moe", "glm4_moe_lite"])
+def test_checkpoints_both_directions(variant, tmp_path, make_pair, padded_batch):
+    preset, overrides = VARIANTS[variant]
+    cfg = ModelConfig.from_preset(preset, **overrides)
     hf, ours = make_pair(cfg, seed=2)
     ids, mask, pos = padded_batch(cfg.vocab_size, [16, 9], seed=2)
     with torch.no_grad():
