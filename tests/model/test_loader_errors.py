@@ -142,6 +142,9 @@ ROWS = [
     ("mixed-dtype", "one fp16 tensor in an fp32 checkpoint", TensorDTypeError,
      r"is float16, but config\.json declares dtype float32: a checkpoint holds one dtype",
      lambda p: edit_tensors(p, lambda t: t.update({VICTIM: t[VICTIM].half()}))),
+    ("mixed-dtype-undeclared", "one fp16 tensor, config.json without `dtype`", TensorDTypeError,
+     r"is float16, but the other tensors are float32: a checkpoint holds one dtype", lambda p: (
+         edit_config(p, dtype=None), edit_tensors(p, lambda t: t.update({VICTIM: t[VICTIM].half()})))),
     ("nan-weight", "NaN in a weight", NonFiniteTensorError, rf"tensor '{re.escape(VICTIM)}' .* NaN",
      lambda p: edit_tensors(p, lambda t: t[VICTIM].__setitem__((0, 0), float("nan")))),
     ("fp8-no-scale", "an e4m3 weight without its `weight_scale_inv`", TensorDTypeError,
