@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from openglm.model.config import ModelConfig
+from openglm.model.model import GlmMoeDsaForCausalLM
 
 COMPONENTS = (  # (name, predicate on the parameter name), first match wins
     ("mtp (next-n)", lambda n: ".mtp_layers." in n),
@@ -27,8 +28,6 @@ BYTES_PER_PARAM = {"bf16": 2.0, "fp8": 1.0, "int4": 0.5}
 
 
 def parameter_report(cfg: ModelConfig) -> dict:
-    from openglm.model.model import GlmMoeDsaForCausalLM
-
     with torch.device("meta"):
         model = GlmMoeDsaForCausalLM(cfg)
     breakdown = {name: 0 for name, _ in COMPONENTS}
