@@ -57,8 +57,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    import sys
-
+    # torch: loaded when the command runs, `openglm --help` stays fast
     from openglm.model.checkpoint import load_model, save_pretrained
     from openglm.model.config import export_warnings
     from openglm.model.errors import ModelError

@@ -18,6 +18,7 @@ from openglm.model.norm import RMSNorm
 
 class GQAttention(nn.Module):
     kind = "dense"  # every query reads every visible key (no DSA selection to pass on)
+    indexer = None  # no DSA indexer (the decoder loop asks)
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
