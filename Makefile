@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 FIND_LINKS := $(if $(wildcard /opt/wheels),-f /opt/wheels,)
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install system-deps bench clean
+.PHONY: demo test install system-deps bench clean interop
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,17 @@ demo: $(STAMP)
 
 test: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q
+
+# Opt-in (not part of `make test`): build llama-cpp-python 0.3.36 from its sdist (CPU; ~12 min on 2 cores) into
+# $(LLAMA_CACHE), convert openglm checkpoints with its convert_hf_to_gguf.py, compare greedy continuations.
+LLAMA_CACHE ?= $(HOME)/.cache/openglm/llama-cpp
+interop: $(STAMP)
+	@command -v cmake >/dev/null 2>&1 && command -v c++ >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ >/dev/null); \
+	  else echo "interop needs cmake and a C++ compiler"; exit 1; fi; }
+	PY=$(abspath $(BIN))/python bash interop/build_llama_cpp.sh $(LLAMA_CACHE)
+	$(BIN)/python -m pytest -q interop --llama-cache $(LLAMA_CACHE)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -42,6 +42,7 @@ def serve(args) -> int:
     import uvicorn
 
     from openglm.engine import EngineConfig, LLMEngine
+    from openglm.model.errors import ModelError
     from openglm.server.app import create_app
 
     if args.threads:
@@ -53,7 +54,7 @@ def serve(args) -> int:
         max_queue=args.max_queue, quantization=args.quantization, dtype=args.dtype)
     try:
         engine = LLMEngine.from_pretrained(args.checkpoint, config)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, ModelError) as exc:  # ModelError: every checkpoint/config problem the loader names
         print(f"openglm serve: cannot load {args.checkpoint}: {exc}", file=sys.stderr)
         return 2
     name = args.served_model_name or Path(args.checkpoint).resolve().name
