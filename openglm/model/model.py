@@ -169,7 +169,7 @@ class GlmMoeDsaForCausalLM(nn.Module):
                         sum(s.dropped for s in layer_stats) / max(assigned, 1))
 
     def save_pretrained(self, path, max_shard_size: int = 2 << 30) -> None:
-        from openglm.model.checkpoint import save_pretrained
+        from openglm.model.checkpoint import save_pretrained  # checkpoint.py builds models: a module-level import would be a cycle inside model/
 
         save_pretrained(self, path, max_shard_size=max_shard_size)
 
