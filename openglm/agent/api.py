@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from openglm.agent import service
 from openglm.agent.config import AgentConfig
-from openglm.agent.store import StateConflict, TaskNotFound, open_store
+from openglm.agent.store import StateConflict, StoreUnavailable, TaskNotFound, open_store
 from openglm.agent.task import ConstraintError, TaskState
 
 
@@ -45,7 +45,8 @@ def check_bind(host: str, token: str | None) -> None:
                          "(set --token or OPENGLM_AGENT_TOKEN)")
 
 
-def create_app(config: AgentConfig, store=None, token: str | None = None) -> FastAPI:
+def create_app(config: AgentConfig, store=None, token: str | None = None, workers=None) -> FastAPI:
+    """`workers`: the embedded WorkerPool whose liveness /health reports (None: workers run elsewhere)."""
     store = store or open_store(config.store_url)
     app = FastAPI(title="openglm agent", version="1")
     app.state.store = store
@@ -73,9 +74,22 @@ def create_app(config: AgentConfig, store=None, token: str | None = None) -> Fas
     async def conflict(request, exc):
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
+    @app.exception_handler(StoreUnavailable)
+    async def store_down(request, exc: StoreUnavailable):
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "5"})
+
     @app.get("/health")
     def health():
-        return {"ok": True}
+        """200 while the store answers and (with embedded workers) at least one worker is alive."""
+        body = {"ok": True, "store": "ok"}
+        try:
+            store.check()
+        except StoreUnavailable as exc:
+            body.update(ok=False, store=str(exc))
+        if workers is not None:
+            body.update(workers.health())
+            body["ok"] = body["ok"] and body["workers_alive"] > 0
+        return JSONResponse(body, status_code=200 if body["ok"] else 503)
 
     @app.post("/v1/tasks", status_code=201)
     def submit(req: SubmitRequest):

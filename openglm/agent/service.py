@@ -8,6 +8,7 @@ running task is paused or cancelled through `control`, which its worker honours 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -49,11 +50,16 @@ def submit(store, config: AgentConfig, objective: str, workspace: str | None = N
         raise ConstraintError("objective", "must be a non-empty string")
     parse_constraints(constraints)  # validate now: 422 at submit, never a failure hours later
     task_id = new_task_id()
+    created = Path(config.data_dir).resolve() / "workspaces" / task_id  # made here only for repo/no workspace
     task = Task(id=task_id, objective=objective, workspace=_workspace(config, task_id, workspace, repo),
                 constraints=dict(constraints or {}), meta={"model": model} if model else {})
-    store.create_task(task)
-    store.append(task.id, [("task_created", 0, {"objective": objective, "workspace": task.workspace,
-                                                "constraints": task.constraints})])
+    try:  # the task row and its first event in one write: no task without a log
+        store.create_task(task, [("task_created", 0, {"objective": objective, "workspace": task.workspace,
+                                                      "constraints": task.constraints})])
+    except BaseException:
+        if Path(task.workspace) == created:  # no orphan workspace either
+            shutil.rmtree(created, ignore_errors=True)
+        raise
     return task
 
 
