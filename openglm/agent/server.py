@@ -66,7 +66,7 @@ def serve(config: AgentConfig, host: str = "127.0.0.1", port: int = 8100, worker
     check_bind(host, token)
     stop = threading.Event()
     pool = start_workers(config, workers, stop)
-    app = create_app(config, token=token, workers=pool)
+    app = create_app(config, token=token, workers=pool if workers > 0 else None)  # 0: API only
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
