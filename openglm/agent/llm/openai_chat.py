@@ -6,7 +6,7 @@ import json
 
 import httpx
 
-from openglm.agent.models.base import Model, ModelError, ModelResponse, ToolCall
+from openglm.agent.llm.base import Model, ModelError, ModelResponse, ToolCall
 
 
 class OpenAIChatModel(Model):
