@@ -14,7 +14,7 @@ from agent_testkit import call, turn
 
 from openglm.agent import service
 from openglm.agent.api import create_app
-from openglm.agent.models import ReplayModel
+from openglm.agent.llm import ReplayModel
 from openglm.agent.server import WorkerPool
 from openglm.agent.store import StoreCorrupt, StoreUnavailable
 from openglm.agent.store.redis_store import RedisStore
