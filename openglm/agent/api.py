@@ -20,6 +20,7 @@ from openglm.agent import service
 from openglm.agent.config import AgentConfig
 from openglm.agent.store import StateConflict, StoreUnavailable, TaskNotFound, open_store
 from openglm.agent.task import ConstraintError, TaskState
+from openglm.agent.trust import check_model_spec, redact
 
 
 class SubmitRequest(BaseModel):
@@ -93,12 +94,14 @@ def create_app(config: AgentConfig, store=None, token: str | None = None, worker
 
     @app.post("/v1/tasks", status_code=201)
     def submit(req: SubmitRequest):
+        if req.model is not None:  # an API client may only use the server's allow-listed models and files
+            check_model_spec(config, req.model)
         task = service.submit(store, config, req.objective, req.workspace, req.constraints, req.repo, req.model)
-        return {"task_id": task.id, **task.to_dict()}
+        return {"task_id": task.id, **redact(task.to_dict())}
 
     @app.get("/v1/tasks")
     def list_tasks(limit: int = 100):
-        return {"tasks": [t.to_dict() for t in store.list_tasks(limit)]}
+        return {"tasks": [redact(t.to_dict()) for t in store.list_tasks(limit)]}
 
     @app.get("/v1/tasks/{task_id}")
     def status(task_id: str, recent: int = 20):

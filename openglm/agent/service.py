@@ -17,6 +17,7 @@ from openglm.agent.snapshot import Snapshots
 from openglm.agent.state import rebuild
 from openglm.agent.store import StateConflict
 from openglm.agent.task import ConstraintError, Task, TaskState, new_task_id, parse_constraints
+from openglm.agent.trust import check_no_secrets, redact
 
 S = TaskState
 _GIT_URL = re.compile(r"^(https?://|ssh://|git://|file://|git@)|\.git/?$")
@@ -49,6 +50,8 @@ def submit(store, config: AgentConfig, objective: str, workspace: str | None = N
     if not isinstance(objective, str) or not objective.strip():
         raise ConstraintError("objective", "must be a non-empty string")
     parse_constraints(constraints)  # validate now: 422 at submit, never a failure hours later
+    if model is not None:
+        check_no_secrets(model)  # API clients are also held to the allow-lists (trust.check_model_spec)
     task_id = new_task_id()
     created = Path(config.data_dir).resolve() / "workspaces" / task_id  # made here only for repo/no workspace
     task = Task(id=task_id, objective=objective, workspace=_workspace(config, task_id, workspace, repo),
@@ -126,4 +129,4 @@ def status(store, task_id: str, recent: int = 20) -> dict:
     task = store.get_task(task_id)
     total = store.event_count(task_id)
     events = [e.to_dict() for e in store.events(task_id, after=max(0, total - recent), limit=recent)] if recent else []
-    return {**task.to_dict(), "recent_events": events}
+    return {**redact(task.to_dict()), "recent_events": events}

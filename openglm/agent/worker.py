@@ -34,6 +34,7 @@ from openglm.agent.process import kill_leftover_commands
 from openglm.agent.snapshot import Snapshots
 from openglm.agent.store import LeaseLost, StoreUnavailable, TaskNotFound, open_store
 from openglm.agent.task import TaskState, parse_constraints
+from openglm.agent.trust import resolve_model_spec
 from openglm.agent.tools import ResourceLimiter, ToolBox
 
 
@@ -117,7 +118,8 @@ class Worker:
         try:
             snapshots = Snapshots(task.workspace, task_dir / "snapshots.git", self.config.ignore)
             toolbox = ToolBox(task.workspace, limiter, constraints.command_timeout_s, self.config.max_output)
-            model = self.model or build_model(task.meta.get("model") or self.config.model)
+            spec = resolve_model_spec(task.meta["model"]) if task.meta.get("model") else self.config.model
+            model = self.model or build_model(spec)
             run = TaskRun(self.store, task, self.id, model, toolbox, snapshots, self.policy_factory(), self.hooks)
             heartbeat.start(run.ctx)
             return run.run()
