@@ -122,7 +122,7 @@ class Run:
                  self.too_many_prompts, self.many_stop_ids]
         sent, k = 0, 0
         while time.monotonic() < stop_at:
-            if sent * 9 > self.benign_done:  # keep hostile requests at ~10% of all requests
+            if sent * 8 > self.benign_done:  # keep hostile requests at ~10% of all requests
                 await asyncio.sleep(0.05)
                 continue
             kind = kinds[k % len(kinds)]

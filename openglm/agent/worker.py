@@ -39,6 +39,7 @@ from openglm.agent.tools import ResourceLimiter, ToolBox
 
 
 STORE_BACKOFF_MIN_S, STORE_BACKOFF_MAX_S = 0.5, 30.0
+PENDING_RETRY_S = 0.25  # how often a worker retries recording the PAUSED state a store fault interrupted
 
 
 class Worker:
@@ -77,6 +78,9 @@ class Worker:
                 if self.store_error != str(exc):
                     print(f"worker {self.id}: {exc}; retrying with backoff", file=sys.stderr, flush=True)
                 self.store_error = str(exc)
+                if self.pending_pause is not None:  # our own task's state first: retry it often, so that
+                    stop.wait(PENDING_RETRY_S)      # we record it before a backed-off peer claims the task
+                    continue
                 stop.wait(backoff)
                 backoff = min(backoff * 2, STORE_BACKOFF_MAX_S)
                 continue
