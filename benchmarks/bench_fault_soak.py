@@ -94,6 +94,15 @@ class Soak:
         time.sleep(1.0)
         self.orphans_after_kill.append(len(marked(self.marker)))
 
+    def kill_owner_at(self, step: int) -> None:
+        """SIGKILL the worker that runs the task once it reaches `step`, and start a replacement."""
+        self.wait_step(step)
+        victim = self.owner()
+        if victim is not None:
+            self.kill_workers([victim])
+            self.start_workers(1)
+            self.events.append(f"SIGKILL of the owning worker at step {self.task().step}")
+
     def owner(self):
         task = self.task()
         return next((w for w in self.workers if f"-{w.pid}-" in task.worker), None)
@@ -192,12 +201,7 @@ def sqlite_run(root: Path, steps: int) -> dict:
             from openglm.agent import service
 
             service.resume(soak.store(), soak.task_id)
-        soak.wait_step(steps * 9 // 20)  # 2. the owning worker is SIGKILLed mid-step
-        victim = soak.owner()
-        if victim is not None:
-            soak.kill_workers([victim])
-            soak.start_workers(1)
-            soak.events.append(f"SIGKILL of the owning worker at step {soak.task().step}")
+        soak.kill_owner_at(steps * 9 // 20)  # 2. the owning worker is SIGKILLed mid-step
         soak.wait_step(steps * 7 // 10)  # 3. every worker dies; the file is corrupted; restore the backup
         soak.kill_workers(list(soak.workers))
         backup = root / "backup.db"
@@ -253,12 +257,7 @@ def redis_run(root: Path, steps: int) -> dict:
         time.sleep(3.0)
         redis_proc = start_redis()
         soak.events.append(f"redis restarted at step {soak.task().step} (down 3 s); task {soak.task().state}")
-        soak.wait_step(steps * 6 // 10)  # 2. the owning worker is SIGKILLed mid-step
-        victim = soak.owner()
-        if victim is not None:
-            soak.kill_workers([victim])
-            soak.start_workers(1)
-            soak.events.append(f"SIGKILL of the owning worker at step {soak.task().step}")
+        soak.kill_owner_at(steps * 6 // 10)  # 2. the owning worker is SIGKILLed mid-step
         final = soak.wait_state({"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT", "PAUSED"}, timeout=900)
         soak.events.append(f"task {final.state} {final.reason[:50]}")
         result = soak.report("redis", time.monotonic() - t0)

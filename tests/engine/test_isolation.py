@@ -20,19 +20,9 @@ def greedy(**kw):
     return SamplingParams(temperature=0, ignore_eos=True, **kw)
 
 
-def run_all(engine, prompts, params):
-    ids = [engine.add_request(p, params) for p in prompts]
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    return [done[i] for i in ids]
-
-
 def test_failure_injected_into_one_sequence_fails_that_request_alone(llm, monkeypatch):
     engine = llm.engine
-    clean = run_all(engine, PROMPTS, greedy(max_tokens=10))
+    clean = llm.generate(PROMPTS, greedy(max_tokens=10), use_tqdm=False)
     bad_prompt = engine.tokenizer.encode(PROMPTS[2])
     real_run, calls = engine.runner.run, []
 
@@ -43,7 +33,7 @@ def test_failure_injected_into_one_sequence_fails_that_request_alone(llm, monkey
         return real_run(seqs, num_tokens)
 
     monkeypatch.setattr(engine.runner, "run", run)
-    outs = run_all(engine, PROMPTS, greedy(max_tokens=10))
+    outs = llm.generate(PROMPTS, greedy(max_tokens=10), use_tqdm=False)
     assert max(calls) == len(PROMPTS), "the fault must hit a batch shared with the other requests"
     failed = outs[2]
     assert failed.error and "injected fault" in failed.error
@@ -53,7 +43,8 @@ def test_failure_injected_into_one_sequence_fails_that_request_alone(llm, monkey
         assert outs[i].outputs[0].token_ids == clean[i].outputs[0].token_ids
     assert engine.block_manager.num_used_blocks == 0 and not engine.requests
     # and the engine keeps serving
-    assert run_all(engine, PROMPTS[:1], greedy(max_tokens=10))[0].outputs[0].token_ids == clean[0].outputs[0].token_ids
+    again = llm.generate(PROMPTS[:1], greedy(max_tokens=10), use_tqdm=False)
+    assert again[0].outputs[0].token_ids == clean[0].outputs[0].token_ids
 
 
 def test_sampler_failure_of_one_sequence_is_isolated(llm, monkeypatch):
