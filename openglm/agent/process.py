@@ -60,6 +60,16 @@ def pid_record(pid: int) -> str:
     return json.dumps({"pgid": pid, "host": socket.gethostname(), "boot_id": boot_id(), "start": start_time(pid)})
 
 
+def read_pgid(pidfile) -> int | None:
+    """The process group a live record names, if it is this machine's (None otherwise)."""
+    try:
+        with open(pidfile) as f:
+            record = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return record["pgid"] if isinstance(record, dict) and record_is_ours(record) else None
+
+
 def record_is_ours(record: dict) -> bool:
     """The record names a live process of this machine and boot, and it is the same process."""
     pgid = record.get("pgid")
