@@ -32,6 +32,7 @@ import httpx
 KEY = "bench-abuse-key"
 HOST = "127.0.0.1"  # loopback only
 HUGE = b'{"model": "m", "prompt": "' + b"a" * (10 << 20) + b'"}'  # a 10 MB body
+HOSTILE_CONCURRENCY = 16  # hostile requests in flight at most
 
 
 def pct(xs, q):
@@ -118,20 +119,26 @@ class Run:
 
     # ---- hostile: ~1 request per 9 benign ones --------------------------------------------------
     async def hostile_loop(self, client: httpx.AsyncClient, stop_at: float) -> None:
+        """Hostile requests run concurrently (slow ones take seconds), at ~1 per 9 benign requests."""
         kinds = [self.bad_fields, self.huge_body, self.slow_loris, self.slow_body, self.drop_stream,
                  self.too_many_prompts, self.many_stop_ids]
-        sent, k = 0, 0
+        in_flight = asyncio.Semaphore(HOSTILE_CONCURRENCY)
+        tasks, sent = [], 0
+
+        async def one(kind):
+            async with in_flight:
+                try:
+                    self.hostile[(kind.__name__, await kind(client))] += 1
+                except (httpx.HTTPError, OSError, asyncio.TimeoutError) as exc:
+                    self.hostile[(kind.__name__, type(exc).__name__)] += 1
+
         while time.monotonic() < stop_at:
-            if sent * 8 > self.benign_done:  # keep hostile requests at ~10% of all requests
-                await asyncio.sleep(0.05)
+            if sent * 9 > self.benign_done:  # hostile requests: ~10% of all requests
+                await asyncio.sleep(0.02)
                 continue
-            kind = kinds[k % len(kinds)]
-            k += 1
+            tasks.append(asyncio.create_task(one(kinds[sent % len(kinds)])))
             sent += 1
-            try:
-                self.hostile[(kind.__name__, await kind(client))] += 1
-            except (httpx.HTTPError, OSError) as exc:
-                self.hostile[(kind.__name__, type(exc).__name__)] += 1
+        await asyncio.gather(*tasks)
 
     async def bad_fields(self, c):
         field = random.choice([{"seed": 2**64}, {"temperature": 5e-324}, {"repetition_penalty": 1e-300},
