@@ -13,11 +13,12 @@ import subprocess
 from pathlib import Path
 
 from openglm.agent.config import AgentConfig
+from openglm.agent.llm import ModelSpec
 from openglm.agent.snapshot import Snapshots
 from openglm.agent.state import rebuild
 from openglm.agent.store import StateConflict
 from openglm.agent.task import ConstraintError, Task, TaskState, new_task_id, parse_constraints
-from openglm.agent.trust import check_no_secrets, redact
+from openglm.agent.trust import check_no_secrets, redact, resolve_model_spec
 
 S = TaskState
 _GIT_URL = re.compile(r"^(https?://|ssh://|git://|file://|git@)|\.git/?$")
@@ -52,6 +53,7 @@ def submit(store, config: AgentConfig, objective: str, workspace: str | None = N
     parse_constraints(constraints)  # validate now: 422 at submit, never a failure hours later
     if model is not None:
         check_no_secrets(model)  # API clients are also held to the allow-lists (trust.check_model_spec)
+        _check_model(resolve_model_spec(model))
     task_id = new_task_id()
     created = Path(config.data_dir).resolve() / "workspaces" / task_id  # made here only for repo/no workspace
     task = Task(id=task_id, objective=objective, workspace=_workspace(config, task_id, workspace, repo),
@@ -64,6 +66,15 @@ def submit(store, config: AgentConfig, objective: str, workspace: str | None = N
             shutil.rmtree(created, ignore_errors=True)
         raise
     return task
+
+
+def _check_model(model) -> None:
+    try:
+        spec = ModelSpec.from_dict(model)
+    except (TypeError, ValueError) as e:
+        raise ConstraintError("model", str(e)) from None
+    if not (spec.replay or (spec.base_url and spec.model)):
+        raise ConstraintError("model", "needs 'replay', or 'base_url' and 'model'")
 
 
 def _transition(store, task_id, frm: set, to: S, reason: str, extra_events=()) -> Task:

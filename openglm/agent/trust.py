@@ -18,8 +18,14 @@ from openglm.agent.task import ConstraintError
 SPEC_KEYS = {"base_url", "model", "api_key_env", "replay", "calls_log", "fallback", "use_tools"}
 
 
+def _configured(config: AgentConfig) -> dict:
+    """The server's own model spec as a dict ({} if none)."""
+    spec = config.model
+    return {} if spec is None else spec if isinstance(spec, dict) else spec.to_dict()
+
+
 def allowed_base_urls(config: AgentConfig) -> list[str]:
-    urls, spec = list(config.model_base_urls), config.model
+    urls, spec = list(config.model_base_urls), _configured(config)
     while spec:
         if spec.get("base_url"):
             urls.append(spec["base_url"])
@@ -29,8 +35,8 @@ def allowed_base_urls(config: AgentConfig) -> list[str]:
 
 def allowed_replay_dirs(config: AgentConfig) -> list[Path]:
     dirs = [Path(d).resolve() for d in config.replay_dirs]
-    if config.model.get("replay"):
-        dirs.append(Path(config.model["replay"]).resolve().parent)
+    if _configured(config).get("replay"):
+        dirs.append(Path(_configured(config)["replay"]).resolve().parent)
     return dirs
 
 

@@ -28,12 +28,12 @@ import psutil
 from openglm.agent.config import AgentConfig
 from openglm.agent.hooks import Hooks, load_hooks
 from openglm.agent.loop import TaskRun
-from openglm.agent.llm import ModelError, build_model
+from openglm.agent.llm import ModelError, ModelSpec, build_model
 from openglm.agent.policy import ToolCallingPolicy
 from openglm.agent.process import kill_leftover_commands
 from openglm.agent.snapshot import Snapshots
 from openglm.agent.store import LeaseLost, StoreUnavailable, TaskNotFound, open_store
-from openglm.agent.task import TaskState, parse_constraints
+from openglm.agent.task import TaskState
 from openglm.agent.trust import resolve_model_spec
 from openglm.agent.tools import ResourceLimiter, ToolBox
 
@@ -115,15 +115,15 @@ class Worker:
         task_dir = self.task_dir(task.id)
         task_dir.mkdir(parents=True, exist_ok=True)
         kill_leftover_commands(task_dir)
-        constraints = parse_constraints(task.constraints)
+        constraints = task.parsed_constraints
         limiter = ResourceLimiter(constraints.resources)
         run = snapshots = None
         heartbeat = _Heartbeat(self, task.id)
         try:
             snapshots = Snapshots(task.workspace, task_dir / "snapshots.git", self.config.ignore)
             toolbox = ToolBox(task.workspace, limiter, constraints.command_timeout_s, self.config.max_output)
-            spec = resolve_model_spec(task.meta["model"]) if task.meta.get("model") else self.config.model
-            model = self.model or build_model(spec)
+            spec = resolve_model_spec(task.meta["model"]) if task.meta.get("model") else None  # key: from env
+            model = self.model or build_model(spec or self.config.model or ModelSpec())
             run = TaskRun(self.store, task, self.id, model, toolbox, snapshots, self.policy_factory(), self.hooks)
             heartbeat.start(run.ctx)
             return run.run()

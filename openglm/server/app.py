@@ -23,6 +23,7 @@ from openglm.server.limits import BodyLimit, ServerLimits
 from openglm.server.metrics import ServerMetrics
 from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
 from openglm.server.serving import OpenAIServing
+from openglm.server.status_page import register as register_status_page
 
 def create_app(engine, model_name: str, api_key: str | None = None, max_queue: int | None = None,
                public_metrics: bool = False, limits: ServerLimits | None = None) -> FastAPI:
@@ -30,7 +31,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_queue: i
         raise ValueError("the API key is empty: pass a non-empty key, or none to serve without one")
     metrics = ServerMetrics()
     async_engine = AsyncEngine(engine, max_queue or engine.config.max_queue, metrics)
-    vocab = getattr(engine.runner.model.config, "vocab_size", None) or engine.tokenizer.vocab_size
+    vocab = getattr(engine.model_config, "vocab_size", None) or engine.tokenizer.vocab_size
     serving = OpenAIServing(async_engine, engine.tokenizer, model_name, engine.max_model_len, vocab)
     metrics.observe_engine(engine)
 
@@ -110,4 +111,5 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_queue: i
         return await serving.chat(req, request)
 
     app.include_router(v1)
+    register_status_page(app, metrics, v1.dependencies)  # /status page, its data at /v1/status
     return app

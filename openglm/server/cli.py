@@ -105,7 +105,7 @@ def serve(args) -> int:
               f"--api-key-file PATH (or pass --allow-unauthenticated)", file=sys.stderr)
         return 2
 
-    import torch
+    import torch  # heavy: loaded when serving, `openglm --help` stays fast
     import uvicorn
 
     from openglm.engine import EngineConfig, LLMEngine
