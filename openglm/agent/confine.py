@@ -19,7 +19,6 @@ import os
 import signal
 import sys
 import time
-import uuid
 
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -50,7 +49,7 @@ def make_cgroup() -> str | None:
     root = cgroup2_root()
     if root is None:
         return None
-    path = os.path.join(root, f"openglm-step-{uuid.uuid4().hex[:12]}")
+    path = os.path.join(root, f"openglm-step-{os.getpid()}-{time.monotonic_ns()}")
     try:
         os.mkdir(path)
         if not os.path.exists(os.path.join(path, "cgroup.kill")):
@@ -106,8 +105,11 @@ def kill_all(cgroup: str | None) -> None:
         try:
             with open(os.path.join(os.path.dirname(cgroup), "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
-            with open(os.path.join(cgroup, "cgroup.kill"), "w") as f:
-                f.write("1")
+            with open(os.path.join(cgroup, "cgroup.procs")) as f:
+                left = f.read().split()
+            if left:  # the common case after a clean exit is an empty cgroup: nothing to kill or wait for
+                with open(os.path.join(cgroup, "cgroup.kill"), "w") as f:
+                    f.write("1")
         except OSError:
             pass
     kill_descendants()
