@@ -23,6 +23,11 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null); \
 	  else echo "redis-server is missing: install it (e.g. apt-get install redis-server)"; exit 1; fi; }
+	@# setsid (util-linux) and pgrep (procps): the process-confinement tests start escaping children with them.
+	@command -v setsid >/dev/null 2>&1 && command -v pgrep >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq util-linux procps >/dev/null); \
+	  else echo "setsid / pgrep are missing: install util-linux and procps"; exit 1; fi; }
 	@# A C compiler builds the DSA kernels on first use (openglm/model/native.py); without one the torch-op path runs.
 	@command -v cc >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
