@@ -29,9 +29,6 @@ def model_spec_from_args(args):
     from openglm.agent.llm import ModelSpec  # httpx: loaded when a command runs, `openglm --help` stays fast
 
     if args.replay:
-        if not os.path.isfile(args.replay):
-            raise SystemExit(f"--replay {args.replay}: no such file (a JSONL of scripted assistant turns, "
-                             "e.g. examples/turns.jsonl)")
         return ModelSpec(replay=args.replay)
     if not args.model_url:
         return None
@@ -191,6 +188,9 @@ def cmd_restore(args):
 def cmd_agent_server(args):
     from openglm.agent.server import serve  # uvicorn + FastAPI: loaded when the command runs
 
+    if args.replay and not os.path.isfile(args.replay):  # say so now, not in every task's failure later
+        raise SystemExit(f"--replay {args.replay}: no such file (a JSONL of scripted assistant turns, "
+                         "e.g. examples/turns.jsonl)")
     try:
         serve(_load_config(args), host=args.host, port=args.port, workers=args.workers, token=args.token,
               view_token=args.view_token)
