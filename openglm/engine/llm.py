@@ -39,9 +39,9 @@ class LLM:
         """Generate replies to chat conversations rendered with the checkpoint's chat template."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]
-        prompts = [self.tokenizer.render_chat(c) for c in conversations]
+        prompts = [self.tokenizer.apply_chat_template(c, tokenize=True) for c in conversations]
         base = sampling_params or SamplingParams()
-        stop_ids = sorted(set(base.stop_token_ids) | set(self.tokenizer.chat_stop_ids))
+        stop_ids = sorted(set(base.stop_token_ids) | set(self.tokenizer.stop_ids))
         params = replace(base, stop_token_ids=stop_ids)
         return self.generate(prompts, params, use_tqdm)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from openglm.engine import EngineConfig, LLMEngine, SamplingParams
-from openglm.engine.tokenizing import EngineTokenizer
+from openglm.tokenizer import Tokenizer
 
 NEW_TOKENS = 32
 PROMPT_LENGTHS = (3, 11, 29, 47, 70)
@@ -66,7 +66,7 @@ def run(engine, prompts):
 
 
 def make_engine(model, checkpoint, **kw):
-    return LLMEngine(model, EngineTokenizer(checkpoint), EngineConfig(**kw))
+    return LLMEngine(model, Tokenizer.from_checkpoint(checkpoint), EngineConfig(**kw))
 
 
 def assert_all_blocks_free(engine):

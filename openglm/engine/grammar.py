@@ -1,0 +1,67 @@
+"""Constrained decoding: a per-sequence grammar masks the logits of that sequence's next token.
+
+The grammar engine is llguidance (vLLM's "guidance" structured-output backend; Rust, CPU, no torch
+dependency). A request's `SamplingParams.grammar` is an llguidance grammar (Lark with `%json`
+schemas, built by the server from `tools`/`response_format`); the sequence gets its own matcher,
+every step its allowed-token bitmask is applied to its own logits row only (the other rows of the
+continuous batch are untouched), and each sampled token advances the matcher. When the grammar is
+complete the mask allows only the stop tokens, so the sequence ends at a stop token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from openglm.engine.sequence import Sequence
+
+
+class GrammarError(ValueError):
+    """A grammar that llguidance cannot compile (the request's fault: a 400 in the server)."""
+
+
+class GrammarEngine:
+    """The llguidance view of one tokenizer + vocabulary; builds a matcher per sequence."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        import llguidance
+
+        self._llg = llguidance
+        # the stop tokens are the grammar's "eos": a finished grammar may only stop the turn
+        self.lltok = llguidance.LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab_size,
+                                            eos_token=tokenizer.stop_ids or None)
+        self.vocab_size = vocab_size
+        self._bit = torch.arange(32, dtype=torch.int32)
+
+    def check(self, grammar: str) -> None:
+        """Raise GrammarError naming the problem when `grammar` does not compile."""
+        is_error, messages = self._llg.LLMatcher.validate_grammar_with_warnings(grammar, self.lltok)
+        if is_error:
+            raise GrammarError(f"the output constraint does not compile: {messages[0] if messages else '?'}")
+
+    def matcher(self, grammar: str):
+        m = self._llg.LLMatcher(self.lltok, grammar, log_level=0)
+        if m.is_error():
+            raise GrammarError(f"the output constraint does not compile: {m.get_error()}")
+        return m
+
+    def apply_masks(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        """Mask, in place, the rows of `logits` whose sequence has a grammar (others are untouched)."""
+        rows = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        if not rows:
+            return
+        words = (self.vocab_size + 31) // 32
+        packed = np.empty((len(rows), words), dtype=np.int32)
+        for j, i in enumerate(rows):
+            packed[j] = np.frombuffer(seqs[i].matcher.compute_bitmask(), dtype=np.int32, count=words)
+        bits = (torch.from_numpy(packed).unsqueeze(-1) >> self._bit) & 1  # [rows, words, 32]
+        allowed = bits.reshape(len(rows), -1)[:, : logits.shape[-1]].bool()
+        index = torch.tensor(rows)
+        logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+
+    @staticmethod
+    def advance(seq: Sequence, token: int) -> bool:
+        """Feed the sampled token to the sequence's matcher; True when the grammar says stop."""
+        m = seq.matcher
+        ok = m.consume_token(token)
+        return (not ok) or m.is_stopped() or m.is_error()
