@@ -170,8 +170,12 @@ class Tokenizer:
     def __post_init__(self):
         from tokenizers import Tokenizer as HFTokenizer
 
-        # a second copy that reads control-token text as plain text, for conversation content
-        self._plain = HFTokenizer.from_str(self.hf.to_str())
+        # a second copy that reads control-token and marker text as plain text, for conversation content
+        # (encode_special_tokens splits only special tokens, so every added token is made special there)
+        spec = json.loads(self.hf.to_str())
+        for added in spec.get("added_tokens") or []:
+            added["special"] = True
+        self._plain = HFTokenizer.from_str(json.dumps(spec))
         self._plain.encode_special_tokens = True
 
     @classmethod
