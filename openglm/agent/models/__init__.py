@@ -14,8 +14,9 @@ def build_model(spec: dict) -> Model:
     elif "base_url" in spec and "model" in spec:
         from openglm.agent.models.openai_chat import OpenAIChatModel
 
-        model = OpenAIChatModel(spec["base_url"], spec["model"], api_key=spec.get("api_key"),
-                                use_tools=spec.get("use_tools", True))
+        options = {k: spec[k] for k in ("use_tools", "context_window", "max_tokens", "temperature", "tool_choice",
+                                         "extra_body", "clear_thinking", "timeout") if k in spec}
+        model = OpenAIChatModel(spec["base_url"], spec["model"], api_key=spec.get("api_key"), **options)
     else:
         raise ValueError(f"model spec needs 'replay' or 'base_url' + 'model', got keys {sorted(spec)}")
     if spec.get("fallback"):

@@ -25,9 +25,12 @@ class ModelResponse:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     model: str = ""
+    reasoning: str = ""  # the model's reasoning_content (GLM thinking), sent back per clear_thinking
 
     def to_message(self) -> dict:
         msg = {"role": "assistant", "content": self.content}
+        if self.reasoning:
+            msg["reasoning_content"] = self.reasoning
         if self.tool_calls:
             msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}} for c in self.tool_calls]
