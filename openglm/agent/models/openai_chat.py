@@ -46,6 +46,7 @@ class OpenAIChatModel(Model):
         self.tool_choice, self.extra_body = tool_choice, dict(extra_body or {})
         self.clear_thinking, self.keep_turns = clear_thinking, keep_turns
         self._window = context_window
+        self.chars_per_token = CHARS_PER_TOKEN  # recalibrated from the endpoint's own prompt token counts
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(timeout=timeout, headers=headers)
 
@@ -71,11 +72,14 @@ class OpenAIChatModel(Model):
     def query(self, messages, tools=None) -> ModelResponse:
         tools = tools if tools and self.use_tools else None
         budget = self.context_window
+        tools_chars = len(json.dumps(tools or [], ensure_ascii=False))
         for attempt in range(3):
+            cpt = self.chars_per_token
             reply_tokens = min(self.max_tokens, max(16, budget // 4))
-            prompt_budget = budget - reply_tokens - _estimate(json.dumps(tools or []))
-            fitted = fit_messages(messages, prompt_budget, self.keep_turns, self.clear_thinking)
-            room = budget - _estimate_messages(fitted) - _estimate(json.dumps(tools or []))
+            prompt_budget = budget - reply_tokens - int(tools_chars / cpt)
+            fitted = fit_messages(messages, prompt_budget, self.keep_turns, self.clear_thinking, cpt)
+            sent_chars = _chars(fitted) + tools_chars
+            room = budget - int(sent_chars / cpt)
             body = {"model": self.name, "messages": fitted, "temperature": self.temperature,
                     "max_tokens": max(1, min(reply_tokens, room)), **self.extra_body}
             if tools:
@@ -86,7 +90,10 @@ class OpenAIChatModel(Model):
             if r.status_code == 400 and "context_length_exceeded" in r.text:
                 budget //= 2  # the estimate was optimistic: fit tighter and retry
                 continue
-            return self._parse(r)
+            response = self._parse(r)
+            if response.prompt_tokens > 0:  # the endpoint's count: estimate with its ratio (10% margin)
+                self.chars_per_token = min(CHARS_PER_TOKEN, 0.9 * sent_chars / response.prompt_tokens)
+            return response
         raise ContextOverflowError(f"{self.name} at {self.base_url}: the conversation does not fit the "
                                    f"{self.context_window}-token context window even condensed (context length exceeded)")
 
@@ -114,8 +121,10 @@ class OpenAIChatModel(Model):
 
 
 # ---- fitting a conversation to a token budget ----------------------------------------------------
-def fit_messages(messages: list[dict], budget: int, keep_turns: int = 4, clear_thinking: bool = True) -> list[dict]:
+def fit_messages(messages: list[dict], budget: int, keep_turns: int = 4, clear_thinking: bool = True,
+                 chars_per_token: float = CHARS_PER_TOKEN) -> list[dict]:
     """The conversation within `budget` tokens (estimated), in OpenAI order; see the module docstring."""
+    budget_chars = int(budget * chars_per_token)
     msgs = _ordered([dict(m) for m in messages])
     last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=-1)
     for i, m in enumerate(msgs):
@@ -129,13 +138,13 @@ def fit_messages(messages: list[dict], budget: int, keep_turns: int = 4, clear_t
             if m.get("role") in ("tool", "user"):
                 m["content"] = _truncate(m.get("content"))
     dropped = 0
-    while turns and _estimate_messages(head + _flat(turns)) > budget and len(turns) > 1:
+    while turns and _chars(head + _flat(turns)) > budget_chars and len(turns) > 1:
         turns.pop(0)  # the oldest whole turn goes
         dropped += 1
-    if _estimate_messages(head + _flat(turns)) > budget:  # the latest turns themselves are too big
+    if _chars(head + _flat(turns)) > budget_chars:  # the latest turns themselves are too big
         for m in _flat(turns):
             if m.get("role") in ("tool", "user"):
-                m["content"] = _truncate(m.get("content"), keep=max(200, budget))
+                m["content"] = _truncate(m.get("content"), keep=max(200, budget_chars // 4))
     note = ([{"role": "user", "content": f"[{dropped} earlier turn(s) dropped to fit the context window]"}]
             if dropped else [])
     out = head + note + _flat(turns)
@@ -198,12 +207,9 @@ def _truncate(content, keep: int = KEEP_CHARS):
     return f"{content[:half]}\n[... {len(content) - 2 * half} characters truncated ...]\n{content[-half:]}"
 
 
-def _estimate(text: str) -> int:
-    return int(len(text) / CHARS_PER_TOKEN) + 1
-
-
-def _estimate_messages(msgs: list[dict]) -> int:
-    return sum(_estimate(json.dumps(m, ensure_ascii=False)) + 4 for m in msgs)
+def _chars(msgs: list[dict]) -> int:
+    """Size of messages as the estimate counts it (their JSON; role and framing included)."""
+    return sum(len(json.dumps(m, ensure_ascii=False)) for m in msgs)
 
 
 def _args(raw) -> dict:
