@@ -15,7 +15,8 @@ def _config_args(p):
     p.add_argument("--store", help="sqlite path or redis://host:port/db (default <data-dir>/agent.db)")
     p.add_argument("--replay", help="serve tasks with a replay model: JSONL of scripted assistant turns")
     p.add_argument("--model-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--model", help="model name at --model-url")
+    p.add_argument("--model", help="model name at --model-url; without --model-url a preset name "
+                                   "(zai-glm-5.1: Z.ai's hosted GLM-5.1, key in $ZAI_API_KEY)")
     p.add_argument("--api-key-env", default="OPENGLM_MODEL_API_KEY", help="env var holding the model API key")
     p.add_argument("--fallback-url", help="fallback model base URL")
     p.add_argument("--fallback-model", help="fallback model name")
@@ -28,6 +29,14 @@ def _load_config(args):
     model = None
     if args.replay:
         model = {"replay": args.replay}
+    elif args.model and not args.model_url:
+        from openglm.agent.models.presets import MODEL_PRESETS, preset_spec
+
+        model = preset_spec(args.model, os.environ)
+        if model is None:
+            raise SystemExit(f"--model {args.model!r} is not a preset ({', '.join(MODEL_PRESETS)}); "
+                             "give --model-url for another endpoint")
+        model["api_key"] = os.environ.get(args.api_key_env) or model["api_key"]
     elif args.model_url:
         if not args.model:
             raise SystemExit("--model-url needs --model")

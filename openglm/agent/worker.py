@@ -22,7 +22,7 @@ from openglm.agent.config import AgentConfig
 from openglm.agent.default_policy import ToolCallingPolicy
 from openglm.agent.hooks import Hooks, load_hooks
 from openglm.agent.loop import TaskRun, kill_leftover_commands
-from openglm.agent.models import ModelError, build_model
+from openglm.agent.models import ContextOverflowError, ModelError, build_model
 from openglm.agent.snapshot import Snapshots
 from openglm.agent.store import LeaseLost, open_store
 from openglm.agent.task import TaskState, parse_constraints
@@ -86,6 +86,8 @@ class Worker:
             if e.errno != errno.ENOSPC:
                 return self._stop(task, run, TaskState.FAILED, f"error: {e}")
             return self._stop(task, run, TaskState.PAUSED, f"disk full: {e}")
+        except ContextOverflowError as e:  # before ModelError: the model is there, the history is too long
+            return self._stop(task, run, TaskState.PAUSED, f"context overflow: {e}")
         except ModelError as e:
             return self._stop(task, run, TaskState.PAUSED, f"model unavailable: {e}")
         except Exception as e:  # a bug or a broken workspace: fail loudly, keep the trace in the log

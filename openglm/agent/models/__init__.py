@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from openglm.agent.models.base import Model, ModelError, ModelResponse, ToolCall, estimate_tokens
+from openglm.agent.models.base import ContextOverflowError, Model, ModelError, ModelResponse, ToolCall, estimate_tokens
 from openglm.agent.models.fallback import FallbackModel
 from openglm.agent.models.replay import ReplayModel
 
@@ -24,5 +24,5 @@ def build_model(spec: dict) -> Model:
     return model
 
 
-__all__ = ["FallbackModel", "Model", "ModelError", "ModelResponse", "ReplayModel", "ToolCall", "build_model",
+__all__ = ["ContextOverflowError", "FallbackModel", "Model", "ModelError", "ModelResponse", "ReplayModel", "ToolCall", "build_model",
            "estimate_tokens"]

@@ -11,6 +11,13 @@ class ModelError(RuntimeError):
     """The model could not answer (network, HTTP error, bad reply, script exhausted)."""
 
 
+class ContextOverflowError(ModelError):
+    """The conversation does not fit the model's context window even condensed: recoverable (the loop
+    condenses the history and asks again; the ladder's `context_limit` class), not "unavailable"."""
+
+    error_class = "context_limit"
+
+
 @dataclass
 class ToolCall:
     name: str

@@ -22,16 +22,10 @@ import json
 
 import httpx
 
-from openglm.agent.models.base import Model, ModelError, ModelResponse, ToolCall
+from openglm.agent.models.base import ContextOverflowError, Model, ModelError, ModelResponse, ToolCall
 
 CHARS_PER_TOKEN = 3.0  # conservative: small BPE vocabularies average fewer characters a token than 4
 KEEP_CHARS = 600  # of a truncated observation: head + tail kept
-
-
-class ContextOverflowError(ModelError):
-    """The conversation does not fit the model's window even after condensing (recoverable)."""
-
-    error_class = "context_limit"
 
 
 class OpenAIChatModel(Model):
@@ -124,7 +118,7 @@ class OpenAIChatModel(Model):
 def fit_messages(messages: list[dict], budget: int, keep_turns: int = 4, clear_thinking: bool = True,
                  chars_per_token: float = CHARS_PER_TOKEN) -> list[dict]:
     """The conversation within `budget` tokens (estimated), in OpenAI order; see the module docstring."""
-    budget_chars = int(budget * chars_per_token)
+    budget_chars = int(budget * chars_per_token) - 100  # room for the "turns dropped" note
     msgs = _ordered([dict(m) for m in messages])
     last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=-1)
     for i, m in enumerate(msgs):
@@ -138,17 +132,19 @@ def fit_messages(messages: list[dict], budget: int, keep_turns: int = 4, clear_t
             if m.get("role") in ("tool", "user"):
                 m["content"] = _truncate(m.get("content"))
     dropped = 0
-    while turns and _chars(head + _flat(turns)) > budget_chars and len(turns) > 1:
+    while len(turns) > keep_turns and _chars(head + _flat(turns)) > budget_chars:
         turns.pop(0)  # the oldest whole turn goes
         dropped += 1
-    if _chars(head + _flat(turns)) > budget_chars:  # the latest turns themselves are too big
+    if _chars(head + _flat(turns)) > budget_chars:  # the latest turns themselves are too big: cut their outputs
         for m in _flat(turns):
             if m.get("role") in ("tool", "user"):
-                m["content"] = _truncate(m.get("content"), keep=max(200, budget_chars // 4))
+                m["content"] = _truncate(m.get("content"), keep=max(200, budget_chars // (4 * len(turns))))
+    while len(turns) > 1 and _chars(head + _flat(turns)) > budget_chars:
+        turns.pop(0)  # last resort: fewer recent turns
+        dropped += 1
     note = ([{"role": "user", "content": f"[{dropped} earlier turn(s) dropped to fit the context window]"}]
             if dropped else [])
-    out = head + note + _flat(turns)
-    return _merge_users(out)
+    return head + note + _flat(turns)
 
 
 def _ordered(msgs: list[dict]) -> list[dict]:
@@ -187,17 +183,6 @@ def _turns(msgs: list[dict]) -> list[list[dict]]:
 
 def _flat(turns):
     return [m for t in turns for m in t]
-
-
-def _merge_users(msgs: list[dict]) -> list[dict]:
-    out: list[dict] = []
-    for m in msgs:
-        if out and m.get("role") == "user" and out[-1].get("role") == "user" and isinstance(m.get("content"), str) \
-                and isinstance(out[-1].get("content"), str):
-            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n\n" + m["content"]}
-        else:
-            out.append(m)
-    return out
 
 
 def _truncate(content, keep: int = KEEP_CHARS):
