@@ -53,6 +53,7 @@ class ChatOutputParser:
         self.mode = "reasoning" if thinking else "content"
         self.tools = {t["function"]["name"]: t["function"] for t in tools or []}
         self.buf = ""
+        self.space = ""  # whitespace seen right before a <tool_call>, kept if the call is malformed
         self.started = False  # whether the start of the reasoning has been looked at
         self.reasoning, self.content, self.calls = "", "", []
 
@@ -87,9 +88,10 @@ class ChatOutputParser:
                     out.content += self._take_all()
                     return self._record(out)
                 i = self.buf.find(CALL_OPEN)
-                if i >= 0:  # whitespace right before a call is layout, not content
-                    out.content += self.buf[:i].rstrip()
-                    self.buf, self.mode = self.buf[i:], "call"
+                if i >= 0:  # whitespace right before a call is layout, not content (unless the call is bad)
+                    body = self.buf[:i].rstrip()
+                    out.content += body
+                    self.space, self.buf, self.mode = self.buf[len(body):i], self.buf[i:], "call"
                     continue
                 text = self._safe(CALL_OPEN, final)
                 body = text.rstrip()
@@ -102,16 +104,17 @@ class ChatOutputParser:
             # mode == "call": buf starts with <tool_call>
             j = self.buf.find(CALL_CLOSE)
             if j < 0:
-                if final:  # never closed: the text stays content
-                    out.content += self._take_all()
+                if final:  # never closed: the text stays content, as written
+                    out.content += self.space + self._take_all()
                 return self._record(out)
             raw = self.buf[: j + len(CALL_CLOSE)]
             self.buf, self.mode = self.buf[j + len(CALL_CLOSE):], "content"
             call = self._parse_call(raw[len(CALL_OPEN): -len(CALL_CLOSE)])
             if call is None:
-                out.content += raw
+                out.content += self.space + raw
             else:
                 out.calls.append(call)
+            self.space = ""
 
     def _safe(self, marker: str, final: bool) -> str:
         """Take the buffer except a tail that may be the start of `marker`."""

@@ -6,6 +6,7 @@ import json
 
 import jsonschema
 import pytest
+import torch
 from openai import BadRequestError, OpenAI
 
 MODEL = "tiny-test"  # the name tests/server/conftest.py serves
@@ -191,3 +192,97 @@ def test_bad_messages_are_400(live):
 
 def _decoded(live, ids):
     return live[1].tokenizer.decode(ids, skip_special_tokens=False)
+
+
+# ---- parsing what a model writes, through the live server (tool_choice "auto": no constraint) ------
+class ScriptedModel(torch.nn.Module):
+    """The checkpoint's model, whose next token is forced to follow a script once the prompt's last
+    token (the generation prompt's `</think>`) has been read: the server's real path (template,
+    engine, detokenizer, parsers, SSE) runs on a reply we choose."""
+
+    def __init__(self, inner, start_tokens: set[int]):
+        super().__init__()
+        self.inner, self.config, self.start_tokens = inner, inner.config, start_tokens
+        self.script: list[int] = []
+        self.start = None
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None):
+        out = self.inner(input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache)
+        logits = out.logits.clone()
+        for row in range(input_ids.shape[0]):
+            n = int(attention_mask[row].sum()) - int(attention_mask[row, : attention_mask.shape[1] - input_ids.shape[1]].sum())
+            last, pos = int(input_ids[row, n - 1]), int(position_ids[row, n - 1])
+            if last in self.start_tokens and n > 1:  # a prefill ending with the generation prompt
+                self.start = pos
+            k = pos - self.start if self.start is not None else -1
+            if 0 <= k < len(self.script):
+                logits[row, n - 1] = -1e9
+                logits[row, n - 1, self.script[k]] = 1e9
+        out.logits = logits
+        return out
+
+
+@pytest.fixture(scope="module")
+def scripted(start_server):
+    url, engine = start_server(max_model_len=1024, num_kv_blocks=256)
+    tok = engine.tokenizer
+    model = ScriptedModel(engine.runner.model, {tok.marker_id("</think>"), tok.marker_id("<think>")})
+    engine.runner.model = model
+
+    def reply(text: str):
+        model.script, model.start = tok.encode(text) + [tok.token_id("<|observation|>")], None
+
+    return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120), reply
+
+
+CALL_TEXT = ("Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+             "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>")
+
+
+def test_auto_tool_call_is_parsed_whole_and_streamed(scripted):
+    client, reply = scripted
+    kw = dict(model=MODEL, messages=ASK, tools=[WEATHER, CLOCK], max_tokens=200, temperature=0, extra_body=NO_THINK)
+    reply(CALL_TEXT + "<tool_call>now</tool_call>")
+    out = client.chat.completions.create(**kw).choices[0]
+    assert out.finish_reason == "tool_calls" and out.message.content == "Let me check."
+    first, second = out.message.tool_calls
+    assert first.function.name == "get_weather" and json.loads(first.function.arguments) == {"city": "Paris", "days": 3}
+    assert second.function.name == "now" and json.loads(second.function.arguments) == {}
+    reply(CALL_TEXT + "<tool_call>now</tool_call>")
+    calls, content, finish = {}, "", None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for tc in delta.tool_calls or []:
+            entry = calls.setdefault(tc.index, {"id": tc.id, "name": "", "arguments": ""})
+            entry["name"] += tc.function.name or ""
+            entry["arguments"] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and content == "Let me check."
+    assert [calls[i]["name"] for i in sorted(calls)] == ["get_weather", "now"]
+    assert json.loads(calls[0]["arguments"]) == {"city": "Paris", "days": 3} and calls[0]["id"] != calls[1]["id"]
+
+
+@pytest.mark.parametrize("text", [
+    "oops <tool_call>get_weather<arg_key>city</arg_key>",  # never closed
+    "<tool_call>launch_missiles<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>",  # unknown tool
+    "<tool_call>get_weather<arg_value>no key</arg_value></tool_call>",  # not key/value pairs
+])
+def test_malformed_calls_stay_in_content(scripted, text):
+    client, reply = scripted
+    reply(text)
+    out = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], max_tokens=200,
+                                         extra_body=NO_THINK).choices[0]
+    assert out.finish_reason == "stop" and not out.message.tool_calls and out.message.content == text
+
+
+def test_reasoning_then_answer_whole_and_streamed(scripted):
+    client, reply = scripted
+    kw = dict(model=MODEL, messages=ASK, max_tokens=200, temperature=0)  # thinking on: the prompt ends <think>
+    reply("Paris is in France.</think>It is sunny.")
+    out = client.chat.completions.create(**kw).choices[0]
+    assert (out.message.reasoning_content, out.message.content) == ("Paris is in France.", "It is sunny.")
+    reply("Paris is in France.</think>It is sunny.")
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    assert "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks) == "Paris is in France."
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "It is sunny."
