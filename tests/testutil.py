@@ -8,3 +8,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def serve_in_thread(app):
+    """Serve an ASGI app with uvicorn on a free loopback port in a daemon thread: (base URL, stop)."""
+    import threading
+    import time
+
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+
+    def stop():
+        server.should_exit = True
+        thread.join(10)
+
+    return f"http://127.0.0.1:{port}", stop
+
+
+def run_requests(engine, requests) -> list:
+    """Add (prompt, SamplingParams) pairs to an LLMEngine, step it until all finish, outputs in order."""
+    ids = [engine.add_request(p, sp) for p, sp in requests]
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    return [done[i] for i in ids]

@@ -2,14 +2,10 @@
 steps record tool replies before user observations; a context overflow is recoverable."""
 
 import json
-import threading
-import time
-
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from testutil import free_port
+from testutil import serve_in_thread
 
 from agent_testkit import call, turn
 from test_glm_serve_e2e import check_openai_message_rules
@@ -104,15 +100,9 @@ def endpoint():
             "role": "assistant", "content": "ok", "reasoning_content": "hmm"}}],
                 "usage": {"prompt_tokens": len(json.dumps(body["messages"])) // 2, "completion_tokens": 1}}
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/v1", seen, limit
-    server.should_exit = True
-    thread.join(5)
+    url, stop = serve_in_thread(app)
+    yield f"{url}/v1", seen, limit
+    stop()
 
 
 def test_client_reads_the_window_and_always_sends_max_tokens(endpoint):

@@ -8,16 +8,14 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from testutil import free_port
+from testutil import free_port, serve_in_thread
 
 from glm_e2e_policy import FILE_TOOLS, FILES, FIRST_SUBMIT_STEP
 from openglm.client import GLMClient
@@ -80,15 +78,9 @@ def recorder(model_server):
         seen.append((body, r.status_code, r.json()))
         return JSONResponse(r.json(), status_code=r.status_code)
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/v1", seen
-    server.should_exit = True
-    thread.join(10)
+    url, stop = serve_in_thread(app)
+    yield f"{url}/v1", seen
+    stop()
 
 
 def _agent_server(tmp, port, config):

@@ -4,6 +4,7 @@ neighbours decode exactly as they would alone."""
 import json
 
 import pytest
+from testutil import run_requests
 
 from openglm.engine import EngineConfig, LLMEngine
 from openglm.engine.grammar import GrammarError
@@ -19,24 +20,14 @@ def engine(tiny_checkpoint):
     return LLMEngine.from_pretrained(tiny_checkpoint, EngineConfig(num_kv_blocks=64))
 
 
-def _run(engine, requests):
-    ids = [engine.add_request(p, sp) for p, sp in requests]
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    return [done[i] for i in ids]
-
-
 def test_constrained_row_does_not_touch_its_neighbours(engine):
     tok = engine.tokenizer
     prompt = tok.encode("def parse(text):")
     free = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-    (alone,) = _run(engine, [(prompt, free)])
+    (alone,) = run_requests(engine, [(prompt, free)])
     constrained = SamplingParams(max_tokens=60, temperature=1.0, seed=3, grammar=GRAMMAR,
                                  stop_token_ids=tok.stop_ids)
-    together = _run(engine, [(prompt, free), (tok.encode("x = "), constrained), (prompt, free)])
+    together = run_requests(engine, [(prompt, free), (tok.encode("x = "), constrained), (prompt, free)])
     assert together[0].outputs[0].token_ids == alone.outputs[0].token_ids == together[2].outputs[0].token_ids
     out = together[1].outputs[0]
     assert out.finish_reason == "stop"
