@@ -138,8 +138,8 @@ def bench_overhead(children: int, seconds: float) -> list[dict]:
 SOAK_WORKER = r"""
 import sys
 from openglm.agent.config import AgentConfig
-from openglm.agent.models import FallbackModel
-from openglm.agent.models.openai_chat import OpenAIChatModel
+from openglm.agent.llm import FallbackModel
+from openglm.agent.llm.openai_chat import OpenAIChatModel
 from openglm.agent.resilience import LadderConfig, LadderPolicy, ResilienceConfig, MonitorConfig
 from openglm.agent.resilience.config import _default_policies
 from openglm.agent.resilience.hooks import resilience_hooks

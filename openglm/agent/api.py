@@ -126,7 +126,7 @@ def create_app(config: AgentConfig, store=None, token: str | None = None) -> Fas
     @app.post("/v1/tasks/{task_id}/budget")
     def budget(task_id: str, caps: dict = Body(...)):
         """Raise timeout / max_tokens / max_cost of a running or paused task (openglm.agent.resilience)."""
-        from openglm.agent.resilience.service import raise_budget
+        from openglm.agent.resilience.hooks import raise_budget
 
         return {"constraints": raise_budget(store, task_id, **caps)}
 

@@ -30,7 +30,7 @@ def _load_config(args):
     if args.replay:
         model = {"replay": args.replay}
     elif args.model and not args.model_url:
-        from openglm.agent.models.presets import MODEL_PRESETS, preset_spec
+        from openglm.agent.llm.presets import MODEL_PRESETS, preset_spec
 
         model = preset_spec(args.model, os.environ)
         if model is None:

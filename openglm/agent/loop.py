@@ -13,12 +13,12 @@ recorded response, so no model call is paid twice and no half-applied action sur
 
 from __future__ import annotations
 
-import os
 import time
 
 from openglm.agent.faults import crashpoint
 from openglm.agent.hooks import Hooks, RunContext, StepRecord
-from openglm.agent.models.base import ContextOverflowError, ModelResponse
+from openglm.agent.llm.base import ContextOverflowError, ModelResponse
+from openglm.agent.process import running_pidfile
 from openglm.agent.state import rebuild
 from openglm.agent.task import TaskState, parse_constraints
 from openglm.agent.tools import ToolResult
@@ -225,22 +225,3 @@ class TaskRun:
         self._append(events, fields)
         return state
 
-
-def running_pidfile(task_dir) -> str:
-    """Where a run records the process group of the command it is running (the task dir holds snapshots.git)."""
-    return os.path.join(task_dir, "running.pgid")
-
-
-def kill_leftover_commands(task_dir) -> None:
-    """Kill the process group of a command an earlier (killed) worker left running."""
-    pidfile = running_pidfile(task_dir)
-    try:
-        with open(pidfile) as f:
-            pgid = int(f.read().strip())
-        os.killpg(pgid, 9)
-    except (OSError, ValueError):
-        pass
-    try:
-        os.unlink(pidfile)
-    except FileNotFoundError:
-        pass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from openglm.agent.models.base import ModelResponse
+from openglm.agent.llm.base import ModelResponse
 from openglm.agent.store.base import Event
 
 CONDENSED_CHARS = 200

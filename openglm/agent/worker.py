@@ -19,10 +19,11 @@ from pathlib import Path
 import psutil
 
 from openglm.agent.config import AgentConfig
-from openglm.agent.default_policy import ToolCallingPolicy
 from openglm.agent.hooks import Hooks, load_hooks
-from openglm.agent.loop import TaskRun, kill_leftover_commands
-from openglm.agent.models import ContextOverflowError, ModelError, build_model
+from openglm.agent.loop import TaskRun
+from openglm.agent.llm import ContextOverflowError, ModelError, build_model
+from openglm.agent.policy import ToolCallingPolicy
+from openglm.agent.process import kill_leftover_commands
 from openglm.agent.snapshot import Snapshots
 from openglm.agent.store import LeaseLost, open_store
 from openglm.agent.task import TaskState, parse_constraints

@@ -50,7 +50,7 @@ def prediction_patch(workspace: Path, base: str, keep_tests: bool) -> str:
 def solve_instance(instance: dict, config: SolveConfig, policy_factory=None) -> dict:
     from openglm.agent import service
     from openglm.agent.config import AgentConfig
-    from openglm.agent.policy import factory
+    from openglm.swe.policy import factory
     from openglm.agent.store.sqlite_store import SQLiteStore
     from openglm.agent.worker import Worker
 

@@ -1,6 +1,6 @@
 """Helpers shared by the agent tests."""
 
-from openglm.agent.models import ReplayModel
+from openglm.agent.llm import ReplayModel
 from openglm.agent.worker import Worker
 
 

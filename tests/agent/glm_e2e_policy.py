@@ -2,7 +2,7 @@
 file tools whose schemas a random-weight model can always satisfy under constrained decoding (paths
 from an enum, bounded contents); `submit` is offered from step 10 on, so a task runs >= 10 steps."""
 
-from openglm.agent.default_policy import ToolCallingPolicy
+from openglm.agent.policy import ToolCallingPolicy
 
 FILES = ["notes.txt", "plan.md", "data.csv"]
 

@@ -10,10 +10,10 @@ from testutil import serve_in_thread
 from agent_testkit import call, turn
 from test_glm_serve_e2e import check_openai_message_rules
 from openglm.agent import service
-from openglm.agent.models import ContextOverflowError, ReplayModel
-from openglm.agent.models.base import ModelResponse, ToolCall
-from openglm.agent.models.openai_chat import OpenAIChatModel, fit_messages
-from openglm.agent.resilience.errors import classify
+from openglm.agent.llm import ContextOverflowError, ReplayModel
+from openglm.agent.llm.base import ModelResponse, ToolCall
+from openglm.agent.llm.openai_chat import OpenAIChatModel, fit_messages
+from openglm.agent.resilience.ladder import classify
 from openglm.agent.state import AgentState, rebuild
 from openglm.agent.worker import Worker
 

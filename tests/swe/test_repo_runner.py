@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from openglm.agent.policy.checks import MARKER
+from openglm.swe.policy.checks import MARKER
 from openglm.swe.testrun import node_id, repo_runner, run_tests, unittest_name
 
 UNITTEST_SUITE = textwrap.dedent("""
@@ -54,7 +54,7 @@ def test_names_convert_both_ways(tmp_path):
 
 def test_policy_suite_check_uses_the_repository_runner(tmp_path):
     repo = _repo(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "openglm.agent.policy.checks", "suite"], input="{}", cwd=repo,
+    proc = subprocess.run([sys.executable, "-m", "openglm.swe.policy.checks", "suite"], input="{}", cwd=repo,
                           capture_output=True, text=True, timeout=120)
     data = json.loads(proc.stdout.strip().splitlines()[-1][len(MARKER):])
     assert data["runner"] == "unittest" and not data["ok"] and len(data["failed"]) == 2

@@ -37,7 +37,7 @@ def _default_thresholds() -> dict[str, Threshold]:
     return {
         # percent of the task's CPU allotment (its resource constraint, else the machine's cores)
         "cpu_percent": Threshold(85.0, Action.REDUCE_PARALLELISM, sustain=3),
-        # robust growth rates of the tree's RSS (bytes/s); see leak.py. The short rule must hold for
+        # robust growth rates of the tree's RSS (bytes/s); see monitor.py (LeakDetector). The short rule must hold for
         # 12 samples (1 minute at 5 s): a big allocation held for a while looks like growth until freed.
         "rss_growth_short": Threshold(10 * MB / 60.0, Action.RESTART_TREE, sustain=12),
         "rss_growth_long": Threshold(2 * MB / 3600.0, Action.RESTART_TREE, sustain=12),

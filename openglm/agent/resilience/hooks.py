@@ -10,6 +10,12 @@
   status and Prometheus, actions into the task (throttle, restart from snapshot, fallback, pause);
 - budget check: tokens and cost against the task's `max_tokens` / `max_cost` constraints (re-read
   every step, so raising them works on a running task); the wall clock is the runtime's timeout.
+
+Also in this module:
+
+- Prometheus metrics of the resilience layer (one registry, labelled by task).
+
+- Raising a task's budgets (timeout, max_tokens, max_cost) while it runs or is paused.
 """
 
 from __future__ import annotations
@@ -19,20 +25,82 @@ import os
 import time
 
 import psutil
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from openglm.agent.hooks import Hooks
-from openglm.agent.loop import running_pidfile
-from openglm.agent.models import FallbackModel, ModelError
-from openglm.agent.task import parse_constraints
+from openglm.agent.llm import FallbackModel, ModelError
+from openglm.agent.process import running_pidfile
+from openglm.agent.task import ConstraintError, TERMINAL, TaskState, parse_constraints
 
-from .actuators import renice_tree
-from .budgets import BudgetTracker
 from .config import Action, BudgetConfig, ResilienceConfig
-from .errors import Failure
-from .guard import Guard
-from .metrics import ResilienceMetrics
-from .monitor import ResourceMonitor
-from .recovery import Escalation, call_with_recovery
+from .guard import BudgetTracker, Guard
+from .ladder import Escalation, Failure, call_with_recovery
+from .monitor import ResourceMonitor, renice_tree
+
+
+# Reading field -> (metric name, help)
+GAUGES = {
+    "cpu_percent": ("openglm_task_cpu_percent", "CPU of the task's process tree, percent of its allotment"),
+    "rss_bytes": ("openglm_task_rss_bytes", "Resident memory of the task's process tree"),
+    "rss_growth_short": ("openglm_task_rss_growth_bytes_per_second", "Robust RSS growth rate, short window"),
+    "rss_growth_long": ("openglm_task_rss_growth_long_bytes_per_second", "Robust RSS growth rate, long window"),
+    "open_files": ("openglm_task_open_files", "Open file descriptors of the task's process tree"),
+    "disk_free_bytes": ("openglm_task_disk_free_bytes", "Free space on the workspace volume"),
+    "endpoint_latency_s": ("openglm_model_endpoint_latency_seconds", "Latency of the model endpoint probe"),
+    "endpoint_up": ("openglm_model_endpoint_up", "1 when the model endpoint answers"),
+    "gpu_ecc_errors": ("openglm_gpu_ecc_errors", "Uncorrected volatile ECC errors of the GPUs"),
+    "machine_cpu_percent": ("openglm_machine_cpu_percent", "CPU of the whole machine"),
+}
+
+
+class ResilienceMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self.gauges = {k: Gauge(name, doc, ["task"], registry=self.registry) for k, (name, doc) in GAUGES.items()}
+        self.alerts = Counter("openglm_resilience_actions", "Monitor actions taken", ["task", "metric", "action"],
+                              registry=self.registry)
+        self.escalations = Counter("openglm_recovery_escalations", "Recovery ladder decisions",
+                                   ["task", "level", "error_class"], registry=self.registry)
+        self.stuck = Counter("openglm_stuck_detections", "Stuck loops detected", ["task", "kind"],
+                             registry=self.registry)
+
+    def observe(self, task: str, reading: dict):
+        for key, gauge in self.gauges.items():
+            value = reading.get(key)
+            if isinstance(value, bool):
+                value = float(value)
+            if isinstance(value, (int, float)):
+                gauge.labels(task=task).set(value)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+_KEYS = {"timeout": "timeout_s", "max_tokens": "max_tokens", "max_cost": "max_cost"}
+
+
+def raise_budget(store, task_id: str, **caps) -> dict:
+    """Set new caps (only upwards); a running task's budget check re-reads them before its next step.
+
+    caps: timeout ("8h", seconds), max_tokens, max_cost. Returns the task's new constraints.
+    """
+    task = store.get_task(task_id)
+    if TaskState(task.state) in TERMINAL:
+        raise ConstraintError("state", f"task {task_id} is {task.state}: budgets can be raised only before it ends")
+    caps = {k: v for k, v in caps.items() if v is not None}
+    unknown = set(caps) - set(_KEYS)
+    if unknown or not caps:
+        raise ConstraintError("budget", f"give one or more of {sorted(_KEYS)} (got {sorted(caps) or 'none'})")
+    old = parse_constraints(task.constraints)
+    merged = {**task.constraints, **caps}
+    new = parse_constraints(merged)  # validates the values, naming the field
+    for key, attr in _KEYS.items():
+        before, after = getattr(old, attr), getattr(new, attr)
+        if key in caps and before is not None and after < before:
+            raise ConstraintError(f"constraints.{key}", f"can only be raised: {caps[key]!r} is below the current cap")
+    store.append(task_id, [("budget_raised", task.step, {"caps": caps})], {"constraints": merged})
+    return merged
+
 
 METRICS = ResilienceMetrics()  # one registry per process; the agent server exposes it at /metrics
 

@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from openglm.agent.process import kill_group, remove_pidfile
 from openglm.agent.tools.limits import ResourceLimiter
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -94,13 +95,10 @@ def run_shell(command: str, cwd: str, timeout: float = 600.0, limiter: ResourceL
             proc.wait(0.02 if now - start < 1 else 0.1)
         except subprocess.TimeoutExpired:
             pass
-    _kill_group(proc.pid)  # also reaps background children that would hold the pipe open
+    kill_group(proc.pid)  # also reaps background children that would hold the pipe open
     proc.wait()
     if pidfile:
-        try:
-            os.unlink(pidfile)
-        except FileNotFoundError:
-            pass
+        remove_pidfile(pidfile)
     reader.join(5)
     head, tail, total = buf or [b"", b"", 0]
     omitted = total - len(head) - len(tail)
@@ -127,9 +125,3 @@ def _preexec(parent: int, pidfile, limiter: ResourceLimiter):
 
     return setup
 
-
-def _kill_group(pgid: int):
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

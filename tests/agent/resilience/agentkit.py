@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from openglm.agent.models.base import Model, ModelError, ModelResponse, ToolCall
+from openglm.agent.llm.base import Model, ModelError, ModelResponse, ToolCall
 from openglm.agent.resilience import Action, LadderConfig, LadderPolicy, MonitorConfig, ResilienceConfig, Threshold
 from openglm.agent.resilience.config import MB, GuardConfig, _default_policies
 from openglm.agent.resilience.hooks import resilience_hooks

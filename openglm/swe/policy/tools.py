@@ -1,12 +1,12 @@
 """The policy's phase tools: specs offered to the model, and their translation into shell
-commands running `openglm.agent.policy.checks` (so they go through the step protocol)."""
+commands running `openglm.swe.policy.checks` (so they go through the step protocol)."""
 
 from __future__ import annotations
 
 import json
 import shlex
 
-from openglm.agent.models.base import ToolCall
+from openglm.agent.llm.base import ToolCall
 
 
 def _spec(name, description, properties, required):
@@ -47,7 +47,7 @@ def check_call(python: str, check: str, request: dict, call_id: str = "") -> Too
     """A bash call running one check with its JSON request on stdin (a quoted heredoc: no expansion)."""
     body = json.dumps(request)
     marker = "OPENGLM_REQUEST_END"
-    command = f"{shlex.quote(python)} -m openglm.agent.policy.checks {check} <<'{marker}'\n{body}\n{marker}"
+    command = f"{shlex.quote(python)} -m openglm.swe.policy.checks {check} <<'{marker}'\n{body}\n{marker}"
     return ToolCall(name="bash", arguments={"command": command}, id=call_id)
 
 

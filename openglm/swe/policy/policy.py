@@ -14,11 +14,11 @@ from __future__ import annotations
 import copy
 import json
 
-from openglm.agent.default_policy import ToolCallingPolicy
-from openglm.agent.models.base import ToolCall
-from openglm.agent.policy import prompts
-from openglm.agent.policy.config import PHASES, SWEPolicyConfig
-from openglm.agent.policy.tools import CHECKS, PHASE_TOOLS, check_call, echo_call, parse_check
+from openglm.agent.policy import ToolCallingPolicy
+from openglm.agent.llm.base import ToolCall
+from openglm.swe.policy import prompts
+from openglm.swe.policy.config import PHASES, SWEPolicyConfig
+from openglm.swe.policy.tools import CHECKS, PHASE_TOOLS, check_call, echo_call, parse_check
 from openglm.agent.resilience import Failure, Level, RecoveryLadder
 
 REPOMAP_ID = "openglm-repomap"

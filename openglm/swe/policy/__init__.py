@@ -1,11 +1,11 @@
 """The four-phase software-engineering policy for the agent runtime (see docs/swe.md).
 
-Use it with `AgentConfig(policy="openglm.agent.policy:factory")`, or build one in Python with
+Use it with `AgentConfig(policy="openglm.swe.policy:factory")`, or build one in Python with
 `SWEPolicy(SWEPolicyConfig(...))` and pass `policy_factory=lambda: policy` to a Worker.
 """
 
-from openglm.agent.policy.config import PHASES, PhaseBudget, SWEPolicyConfig
-from openglm.agent.policy.policy import SWEPolicy
+from openglm.swe.policy.config import PHASES, PhaseBudget, SWEPolicyConfig
+from openglm.swe.policy.policy import SWEPolicy
 
 __all__ = ["PHASES", "PhaseBudget", "SWEPolicy", "SWEPolicyConfig", "factory"]
 

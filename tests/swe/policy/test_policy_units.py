@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from openglm.agent.models.base import ModelResponse, ToolCall
-from openglm.agent.policy import SWEPolicy, SWEPolicyConfig
-from openglm.agent.policy.policy import initial_data
-from openglm.agent.policy.tools import parse_check
+from openglm.agent.llm.base import ModelResponse, ToolCall
+from openglm.swe.policy import SWEPolicy, SWEPolicyConfig
+from openglm.swe.policy.policy import initial_data
+from openglm.swe.policy.tools import parse_check
 
 
 def acts(policy, *calls):

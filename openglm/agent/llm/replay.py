@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from openglm.agent.models.base import Model, ModelError, ModelResponse, ToolCall, estimate_tokens
+from openglm.agent.llm.base import Model, ModelError, ModelResponse, ToolCall, estimate_tokens
 
 
 def load_turns(path: str | Path) -> list[dict]:

@@ -7,9 +7,9 @@ from testutil import serve_in_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from openglm.agent.default_policy import ToolCallingPolicy
-from openglm.agent.models import FallbackModel, ModelError, ReplayModel, build_model
-from openglm.agent.models.openai_chat import OpenAIChatModel
+from openglm.agent.policy import ToolCallingPolicy
+from openglm.agent.llm import FallbackModel, ModelError, ReplayModel, build_model
+from openglm.agent.llm.openai_chat import OpenAIChatModel
 
 
 @pytest.fixture(scope="module")

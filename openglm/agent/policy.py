@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from openglm.agent.models.base import ModelResponse, ToolCall, estimate_tokens
+from openglm.agent.llm.base import ModelResponse, ToolCall, estimate_tokens
 from openglm.agent.task import parse_constraints
 
 SYSTEM_PROMPT = """You are an autonomous software engineer working in a workspace directory.

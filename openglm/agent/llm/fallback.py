@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from openglm.agent.models.base import Model, ModelError, ModelResponse
+from openglm.agent.llm.base import Model, ModelError, ModelResponse
 
 
 class FallbackModel(Model):

@@ -1,7 +1,7 @@
 """The policy's checking tools, run as shell commands in the workspace so that their work and
 output go through the runtime's step protocol (recorded, snapshotted, replayable):
 
-    python -m openglm.agent.policy.checks repomap|localize|search|bisect|regress|score|suite < request.json
+    python -m openglm.swe.policy.checks repomap|localize|search|bisect|regress|score|suite < request.json
 
 Each prints a human-readable summary and, on its last line, `OPENGLM-CHECK <json>` for the policy.
 """
@@ -73,7 +73,7 @@ def regress(req: dict) -> None:
 
 
 def score(req: dict) -> None:
-    from openglm.agent.policy.scoring import score_and_apply
+    from openglm.swe.policy.scoring import score_and_apply
 
     out = score_and_apply(".", req["candidates"], req.get("tests", []), req.get("suite", True),
                           req.get("timeout", 600))
@@ -103,7 +103,7 @@ COMMANDS = {f.__name__: f for f in (repomap, localize, search, bisect, regress, 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in COMMANDS:
-        print(f"usage: python -m openglm.agent.policy.checks {{{'|'.join(COMMANDS)}}} < request.json",
+        print(f"usage: python -m openglm.swe.policy.checks {{{'|'.join(COMMANDS)}}} < request.json",
               file=sys.stderr)
         return 2
     raw = sys.stdin.read().strip()

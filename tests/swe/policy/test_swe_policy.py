@@ -11,8 +11,8 @@ import textwrap
 import pytest
 
 from openglm.agent import service
-from openglm.agent.models import ReplayModel
-from openglm.agent.policy import SWEPolicy, SWEPolicyConfig
+from openglm.agent.llm import ReplayModel
+from openglm.swe.policy import SWEPolicy, SWEPolicyConfig
 from openglm.agent.store.sqlite_store import SQLiteStore
 from openglm.agent.worker import Worker
 from openglm.swe.gitutil import init_repo, unified_diff

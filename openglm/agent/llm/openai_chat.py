@@ -22,7 +22,7 @@ import json
 
 import httpx
 
-from openglm.agent.models.base import ContextOverflowError, Model, ModelError, ModelResponse, ToolCall
+from openglm.agent.llm.base import ContextOverflowError, Model, ModelError, ModelResponse, ToolCall
 
 CHARS_PER_TOKEN = 3.0  # conservative: small BPE vocabularies average fewer characters a token than 4
 KEEP_CHARS = 600  # of a truncated observation: head + tail kept

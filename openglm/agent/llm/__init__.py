@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from openglm.agent.models.base import ContextOverflowError, Model, ModelError, ModelResponse, ToolCall, estimate_tokens
-from openglm.agent.models.fallback import FallbackModel
-from openglm.agent.models.replay import ReplayModel
+from openglm.agent.llm.base import ContextOverflowError, Model, ModelError, ModelResponse, ToolCall, estimate_tokens
+from openglm.agent.llm.fallback import FallbackModel
+from openglm.agent.llm.replay import ReplayModel
 
 
 def build_model(spec: dict) -> Model:
@@ -12,7 +12,7 @@ def build_model(spec: dict) -> Model:
     if "replay" in spec:
         model: Model = ReplayModel(spec["replay"], calls_log=spec.get("calls_log"))
     elif "base_url" in spec and "model" in spec:
-        from openglm.agent.models.openai_chat import OpenAIChatModel
+        from openglm.agent.llm.openai_chat import OpenAIChatModel
 
         options = {k: spec[k] for k in ("use_tools", "context_window", "max_tokens", "temperature", "tool_choice",
                                          "extra_body", "clear_thinking", "timeout") if k in spec}
