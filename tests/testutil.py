@@ -40,3 +40,23 @@ def run_requests(engine, requests) -> list:
             if out.finished:
                 done[out.request_id] = out
     return [done[i] for i in ids]
+
+
+def wait_healthy(url: str, proc=None, timeout: float = 90.0) -> None:
+    """Wait until `url`/health answers 200; fail early when the server process `proc` has exited."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise RuntimeError(f"server exited early:\n{out}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not become healthy in {timeout}s")

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from testutil import free_port, serve_in_thread
+from testutil import free_port, serve_in_thread, wait_healthy
 
 from glm_e2e_policy import FILE_TOOLS, FILES, FIRST_SUBMIT_STEP
 from openglm.client import GLMClient
@@ -23,19 +23,6 @@ from openglm.client import GLMClient
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny-glm"
 CONTEXT = 1536
-
-
-def _wait(url, proc, timeout=90):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"{proc.args[3]} exited early"
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(url)
 
 
 def _env():
@@ -54,7 +41,7 @@ def model_server(tmp_path_factory):
                              "--threads", "1", "--log-level", "warning"], env=_env())
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait(url, proc)
+        wait_healthy(url, proc)
         yield url
     finally:
         proc.terminate()
@@ -119,7 +106,7 @@ def test_agent_server_runs_a_long_task_on_openglm_serve(tmp_path, recorder):
     agent_url = f"http://127.0.0.1:{port}"
     proc = _agent_server(tmp_path, port, config)
     try:
-        _wait(agent_url, proc)
+        wait_healthy(agent_url, proc)
         client = GLMClient(agent_url)
         task_id = client.submit_long_task("Keep notes in the files.", {"max_steps": 40}, workspace=str(workspace))
         deadline = time.monotonic() + 120
@@ -129,7 +116,7 @@ def test_agent_server_runs_a_long_task_on_openglm_serve(tmp_path, recorder):
         os.killpg(proc.pid, signal.SIGKILL)  # the agent-server and its worker, mid-task
         proc.wait(10)
         proc = _agent_server(tmp_path, port, config)
-        _wait(agent_url, proc)
+        wait_healthy(agent_url, proc)
         status = client.wait(task_id, poll=0.3, timeout=300)
         events = _events(client, task_id)
     finally:

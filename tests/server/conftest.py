@@ -5,31 +5,16 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import pytest
 import torch
-from testutil import free_port
+from testutil import free_port, wait_healthy
 
 torch.set_num_threads(1)  # small matmuls on a shared 2-core machine
 
 API_KEY = "test-key-123"
 MODEL = "tiny-test"
-
-
-def wait_healthy(url: str, proc=None, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited early:\n{proc.stdout.read()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} did not become healthy in {timeout}s")
 
 
 @pytest.fixture(scope="session")

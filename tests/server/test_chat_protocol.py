@@ -1,15 +1,24 @@
-"""GLM's chat protocol through the real `openai` SDK against a live server on a random-weight checkpoint:
-tool calls (required / named / auto; whole and streamed), json_schema output, a tool round trip,
-thinking on and off, and 400s for what the server cannot honour."""
+"""GLM's chat protocol through the real `openai` SDK on a random-weight checkpoint: against `openglm serve`
+(a subprocess) tool calls (required / named; whole and streamed), json_schema output and the 400s; against
+the same app in-process where a test reads the prompts the engine received (a tool round trip, thinking on
+and off, tools in the prompt, control tokens) or scripts the model's reply (auto tool calls, malformed
+calls, reasoning)."""
 
 import json
+import os
+import subprocess
+import sys
 
 import jsonschema
 import pytest
 import torch
 from openai import BadRequestError, OpenAI
+from testutil import free_port, wait_healthy
 
 MODEL = "tiny-test"  # the name tests/server/conftest.py serves
+
+
+
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
@@ -22,6 +31,23 @@ CLOCK = {"type": "function", "function": {"name": "now", "description": "The tim
                                          "parameters": {"type": "object", "properties": {}}}}
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint):
+    """`openglm serve` (the real CLI, a subprocess) with a 1K context: what a user runs."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "openglm", "serve", str(checkpoint), "--port", str(port), "--served-model-name",
+           MODEL, "--max-model-len", "1024", "--num-kv-blocks", "256", "--threads", "1", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        yield OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    finally:
+        proc.terminate()
+        proc.wait(15)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +75,8 @@ def _check_call(call, tool):
     jsonschema.validate(json.loads(call.function.arguments), _schema(tool))
 
 
-def test_required_tool_call_validates(live):
-    client, _, _ = live
+def test_required_tool_call_validates(served):
+    client = served
     for seed in range(3):
         out = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, CLOCK], tool_choice="required",
                                              max_tokens=200, temperature=1.0, seed=seed, extra_body=NO_THINK)
@@ -61,8 +87,8 @@ def test_required_tool_call_validates(live):
             _check_call(call, WEATHER if call.function.name == "get_weather" else CLOCK)
 
 
-def test_named_tool_call_streamed_deltas_assemble(live):
-    client, _, _ = live
+def test_named_tool_call_streamed_deltas_assemble(served):
+    client = served
     kw = dict(model=MODEL, messages=ASK, tools=[CLOCK, WEATHER], max_tokens=200, temperature=0.9, seed=7,
               tool_choice={"type": "function", "function": {"name": "get_weather"}},
               parallel_tool_calls=False, extra_body=NO_THINK)
@@ -81,8 +107,8 @@ def test_named_tool_call_streamed_deltas_assemble(live):
     jsonschema.validate(json.loads(calls[0]["arguments"]), _schema(WEATHER))
 
 
-def test_zero_argument_call(live):
-    client, _, _ = live
+def test_zero_argument_call(served):
+    client = served
     out = client.chat.completions.create(model=MODEL, messages=ASK, tools=[CLOCK, WEATHER], max_tokens=60, seed=1,
                                          tool_choice={"type": "function", "function": {"name": "now"}},
                                          parallel_tool_calls=False, extra_body=NO_THINK)
@@ -100,8 +126,8 @@ def test_auto_and_none_leave_the_model_free(live):
     assert "get_weather" not in _decoded(live, prompts[-1])  # "none" hides them
 
 
-def test_json_schema_output_validates(live):
-    client, _, _ = live
+def test_json_schema_output_validates(served):
+    client = served
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
                                                "age": {"type": "integer", "minimum": 0, "maximum": 150}},
               "required": ["name", "age"], "additionalProperties": False}
@@ -173,14 +199,14 @@ def test_control_tokens_typed_by_the_user_stay_text(live):
     ({"guided_json": {"type": "object"}}, "guided_json"),
     ({"tool_choice": {"type": "function", "function": {"name": "missing"}}, "tools": [WEATHER]}, "missing"),
 ])
-def test_unsupported_or_inconsistent_fields_are_400(live, extra, param):
-    client, _, _ = live
+def test_unsupported_or_inconsistent_fields_are_400(served, extra, param):
+    client = served
     with pytest.raises(BadRequestError, match=param):
         client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2, extra_body=extra)
 
 
-def test_bad_messages_are_400(live):
-    client, _, _ = live
+def test_bad_messages_are_400(served):
+    client = served
     bad = [[{"role": "assistant", "tool_calls": [{"id": "1", "type": "function",
                                                  "function": {"name": "f", "arguments": "not json"}}]}],
            [{"role": "tool", "content": "x"}],
