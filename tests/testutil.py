@@ -60,3 +60,31 @@ def wait_healthy(url: str, proc=None, timeout: float = 90.0) -> None:
             pass
         time.sleep(0.2)
     raise TimeoutError(f"{url} did not become healthy in {timeout}s")
+
+
+def openglm_serve(checkpoint, *args: str, env: dict | None = None):
+    """Context manager: `openglm serve CHECKPOINT --port P ARGS` (the real CLI, a subprocess) on a free
+    port, healthy; yields its base URL and stops it on exit."""
+    import contextlib
+    import os
+    import subprocess
+    import sys
+
+    @contextlib.contextmanager
+    def run():
+        port = free_port()
+        cmd = [sys.executable, "-m", "openglm", "serve", str(checkpoint), "--port", str(port), *args]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env or {**os.environ, "OMP_NUM_THREADS": "1"})
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(url, proc)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    return run()

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from testutil import free_port, serve_in_thread, wait_healthy
+from testutil import free_port, openglm_serve, serve_in_thread, wait_healthy
 
 from glm_e2e_policy import FILE_TOOLS, FILES, FIRST_SUBMIT_STEP
 from openglm.client import GLMClient
@@ -35,17 +35,9 @@ def model_server(tmp_path_factory):
     from openglm.engine.random_checkpoint import build_random_checkpoint
 
     ckpt = build_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", index_n_heads=16)
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "openglm", "serve", str(ckpt), "--port", str(port),
-                             "--served-model-name", MODEL, "--max-model-len", str(CONTEXT), "--num-kv-blocks", "256",
-                             "--threads", "1", "--log-level", "warning"], env=_env())
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc)
+    with openglm_serve(ckpt, "--served-model-name", MODEL, "--max-model-len", str(CONTEXT), "--num-kv-blocks",
+                       "256", "--threads", "1", "--log-level", "warning", env=_env()) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(15)
 
 
 @pytest.fixture(scope="module")

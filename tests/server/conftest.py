@@ -1,15 +1,12 @@
 """A live `openglm serve` subprocess on loopback (the real CLI), plus an in-process factory for
 servers with unusual settings. Both use a random-weight tiny checkpoint."""
 
-import os
-import subprocess
-import sys
 import threading
 
 import httpx
 import pytest
 import torch
-from testutil import free_port, wait_healthy
+from testutil import free_port, openglm_serve, wait_healthy
 
 torch.set_num_threads(1)  # small matmuls on a shared 2-core machine
 
@@ -28,22 +25,9 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def server(checkpoint):
     """`openglm serve` with an API key, context 256, a 96-block pool."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "openglm", "serve", str(checkpoint), "--port", str(port), "--api-key", API_KEY,
-           "--served-model-name", MODEL, "--max-model-len", "256", "--num-kv-blocks", "96", "--threads", "1",
-           "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc)
+    with openglm_serve(checkpoint, "--api-key", API_KEY, "--served-model-name", MODEL, "--max-model-len", "256",
+                       "--num-kv-blocks", "96", "--threads", "1", "--log-level", "warning") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture

@@ -5,15 +5,12 @@ and off, tools in the prompt, control tokens) or scripts the model's reply (auto
 calls, reasoning)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import jsonschema
 import pytest
 import torch
 from openai import BadRequestError, OpenAI
-from testutil import free_port, wait_healthy
+from testutil import openglm_serve
 
 MODEL = "tiny-test"  # the name tests/server/conftest.py serves
 
@@ -36,18 +33,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def served(checkpoint):
     """`openglm serve` (the real CLI, a subprocess) with a 1K context: what a user runs."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "openglm", "serve", str(checkpoint), "--port", str(port), "--served-model-name",
-           MODEL, "--max-model-len", "1024", "--num-kv-blocks", "256", "--threads", "1", "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc)
+    with openglm_serve(checkpoint, "--served-model-name", MODEL, "--max-model-len", "1024", "--num-kv-blocks", "256",
+                       "--threads", "1", "--log-level", "warning") as url:
         yield OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
-    finally:
-        proc.terminate()
-        proc.wait(15)
 
 
 @pytest.fixture(scope="module")
