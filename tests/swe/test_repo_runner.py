@@ -58,3 +58,4 @@ def test_policy_suite_check_uses_the_repository_runner(tmp_path):
                           capture_output=True, text=True, timeout=120)
     data = json.loads(proc.stdout.strip().splitlines()[-1][len(MARKER):])
     assert data["runner"] == "unittest" and not data["ok"] and len(data["failed"]) == 2
+
