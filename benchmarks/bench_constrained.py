@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import tempfile
 import time
@@ -30,6 +31,18 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def stdlib_corpus(mb: float) -> list[str]:
+    """Up to `mb` megabytes of the interpreter's standard library sources (always present, no download)."""
+    root, texts, total = Path(os.__file__).parent, [], 0
+    for f in sorted(root.rglob("*.py")):
+        if total > mb * 1e6:
+            break
+        text = f.read_text(encoding="utf-8", errors="replace")
+        texts.append(text)
+        total += len(text)
+    return texts
 
 
 def tool_grammar(tokenizer) -> str:
@@ -89,7 +102,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8, help="sequences decoded together (default 8)")
     ap.add_argument("--tokens", type=int, default=64, help="max new tokens per sequence (default 64)")
     ap.add_argument("--preset", default="tiny", help="model preset of the random checkpoint (default tiny)")
-    ap.add_argument("--vocab", type=int, default=4096, help="tokenizer vocabulary size (default 4096)")
+    ap.add_argument("--vocab", type=int, default=4096, help="tokenizer vocabulary size asked of BPE training "
+                    "(default 4096; training text limits what it reaches)")
+    ap.add_argument("--corpus-mb", type=float, default=0.0, help="train the tokenizer on this many MB of the "
+                    "Python stdlib instead of a few files (default 0: the few files), for large vocabularies")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args()
@@ -100,9 +116,11 @@ def main() -> None:
     from openglm.engine.sampling_params import SamplingParams
 
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = build_random_checkpoint(Path(tmp) / "ckpt", preset=args.preset, vocab_size=args.vocab)
+        texts = stdlib_corpus(args.corpus_mb) if args.corpus_mb else None
+        ckpt = build_random_checkpoint(Path(tmp) / "ckpt", preset=args.preset, vocab_size=args.vocab, texts=texts)
         engine = LLMEngine.from_pretrained(ckpt, EngineConfig(max_num_seqs=max(args.batch, 8)))
         tok = engine.tokenizer
+        vocab = tok.vocab_size  # what BPE training reached (at most --vocab)
         prompts = [tok.apply_chat_template([{"role": "user", "content": f"task {i}: list the files"}], tokenize=True,
                                            enable_thinking=False) for i in range(args.batch)]
         stops = tok.stop_ids
@@ -112,10 +130,10 @@ def main() -> None:
         constrained = run(engine, prompts, SamplingParams(**base, grammar=grammar))
     rows = [("unconstrained (anchor)", free), ("tool_choice=required grammar", constrained)]
     if args.json:
-        print(json.dumps({"cpu": cpu_model(), "batch": args.batch, "preset": args.preset, "vocab": args.vocab,
+        print(json.dumps({"cpu": cpu_model(), "batch": args.batch, "preset": args.preset, "vocab": vocab,
                           "runs": {name: r for name, r in rows}}, indent=2))
         return
-    print(f"CPU: {cpu_model()}  threads={args.threads}  preset={args.preset}  vocab={args.vocab}  batch={args.batch}")
+    print(f"CPU: {cpu_model()}  threads={args.threads}  preset={args.preset}  vocab={vocab}  batch={args.batch}")
     print(f"| run | decode steps | ms/step | llguidance ms/step | llguidance share of decode |")
     print("|---|---:|---:|---:|---:|")
     for name, r in rows:

@@ -16,6 +16,10 @@ import torch
 from openglm.engine.sequence import Sequence
 
 
+# _BYTE_BIAS[b, k] = 0 where bit k of byte b is set (token allowed), else -inf
+_BYTE_BIAS = torch.tensor([[0.0 if (b >> k) & 1 else float("-inf") for k in range(8)] for b in range(256)])
+
+
 class GrammarError(ValueError):
     """A grammar that llguidance cannot compile (the request's fault: a 400 in the server)."""
 
@@ -31,7 +35,6 @@ class GrammarEngine:
         self.lltok = llguidance.LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab_size,
                                             eos_token=tokenizer.stop_ids or None)
         self.vocab_size = vocab_size
-        self._bit = torch.arange(32, dtype=torch.int32)
 
     def check(self, grammar: str) -> None:
         """Raise GrammarError naming the problem when `grammar` does not compile."""
@@ -54,10 +57,11 @@ class GrammarEngine:
         packed = np.empty((len(rows), words), dtype=np.int32)
         for j, i in enumerate(rows):
             packed[j] = np.frombuffer(seqs[i].matcher.compute_bitmask(), dtype=np.int32, count=words)
-        bits = (torch.from_numpy(packed).unsqueeze(-1) >> self._bit) & 1  # [rows, words, 32]
-        allowed = bits.reshape(len(rows), -1)[:, : logits.shape[-1]].bool()
+        # each mask byte looks up its 8 additive biases (0 or -inf): one gather, no per-bit unpacking
+        byte = torch.from_numpy(packed.view(np.uint8)).long()  # [rows, words * 4], little-endian bit order
+        bias = _BYTE_BIAS[byte].reshape(len(rows), -1)[:, : logits.shape[-1]]
         index = torch.tensor(rows)
-        logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+        logits[index] = logits[index] + bias.to(logits.dtype)
 
     @staticmethod
     def advance(seq: Sequence, token: int) -> bool:
