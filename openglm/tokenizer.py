@@ -22,14 +22,16 @@ is tokenized as plain text even where it spells a control token, so a user canno
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
+
+from openglm.util.files import write_atomic
 
 EOS, PAD, GMASK, SOP = "<|endoftext|>", "<|pad|>", "[gMASK]", "<sop>"
 ROLES = ("system", "user", "assistant", "observation")
@@ -118,7 +120,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.Pat
 
     Saves the Hugging Face files into `out_dir` when given; returns the loaded tokenizer.
     """
-    from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (AddedToken, Tokenizer as HFTokenizer, decoders, models,  # heavy (Rust): loaded when training one
+                            pre_tokenizers, processors, trainers)
 
     if vocab_size < min_vocab_size():
         raise TokenizerError(
@@ -168,7 +171,7 @@ class Tokenizer:
     config: dict = field(default_factory=dict)  # tokenizer_config.json, as read
 
     def __post_init__(self):
-        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import Tokenizer as HFTokenizer  # heavy (Rust tokenizers): loaded with a tokenizer
 
         # a second copy that reads control-token and marker text as plain text, for conversation content
         # (encode_special_tokens splits only special tokens, so every added token is made special there)
@@ -181,7 +184,7 @@ class Tokenizer:
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike) -> "Tokenizer":
         """Load from a folder holding `tokenizer.json` (or the file itself); see the module docstring."""
-        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import Tokenizer as HFTokenizer  # heavy (Rust tokenizers): loaded with a tokenizer
 
         p = Path(path)
         file = p / "tokenizer.json" if p.is_dir() else p
@@ -302,10 +305,10 @@ class Tokenizer:
             "clean_up_tokenization_spaces": False,
         }
         special_map = {**specials, "additional_special_tokens": config["additional_special_tokens"]}
-        _atomic_write(out / "tokenizer.json", self.hf.to_str())
-        _atomic_write(out / "tokenizer_config.json", json.dumps(config, indent=2))
-        _atomic_write(out / "special_tokens_map.json", json.dumps(special_map, indent=2))
-        _atomic_write(out / TEMPLATE_FILE, self.chat_template)
+        write_atomic(out / "tokenizer.json", self.hf.to_str())
+        write_atomic(out / "tokenizer_config.json", json.dumps(config, indent=2))
+        write_atomic(out / "special_tokens_map.json", json.dumps(special_map, indent=2))
+        write_atomic(out / TEMPLATE_FILE, self.chat_template)
         return out
 
 
@@ -363,7 +366,7 @@ def _unmark(text: str) -> str:
 
 
 def _render(template: str, messages, tools, add_generation_prompt, specials, kwargs) -> str:
-    import jinja2
+    import jinja2  # only to render a chat template
 
     try:
         return compile_template(template).render(messages=messages, tools=tools or None,
@@ -377,8 +380,8 @@ def _render(template: str, messages, tools, add_generation_prompt, specials, kwa
 def compile_template(template: str):
     """Compile a chat template once, in Jinja's immutable sandbox (as transformers renders, minus its
     access to Python internals)."""
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    import jinja2  # only to render a chat template
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # (as above)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.policies["json.dumps_kwargs"] = {"ensure_ascii": False, "sort_keys": False}
@@ -397,8 +400,6 @@ def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None, sor
 
 
 def _strftime_now(fmt: str) -> str:
-    import datetime
-
     return datetime.datetime.now().strftime(fmt)
 
 
@@ -421,14 +422,3 @@ def _read_json(path: Path) -> dict:
         raise TokenizerError(f"{path} must hold a JSON object")
     return data
 
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 
 from openglm.agent.llm.base import ModelResponse, ToolCall, estimate_tokens
-from openglm.agent.task import parse_constraints
 
 SYSTEM_PROMPT = """You are an autonomous software engineer working in a workspace directory.
 Use the tools to inspect and change files and to run commands. Work step by step; each step's
@@ -47,7 +46,7 @@ class ToolCallingPolicy(Policy):
         self.system_prompt = system_prompt
 
     def initial_messages(self, task) -> list[dict]:
-        deliverables = parse_constraints(task.constraints).deliverables
+        deliverables = task.parsed_constraints.deliverables
         text = f"Objective:\n{task.objective}"
         if deliverables:
             text += "\n\nDeliverables (checked when you submit):\n" + "\n".join(f"- {d.describe()}" for d in deliverables)

@@ -16,6 +16,11 @@ def running_pidfile(task_dir) -> str:
     return os.path.join(task_dir, "running.pgid")
 
 
+def live_output_file(task_dir) -> str:
+    """Where the running command's output appears as it is produced (the dashboard streams it)."""
+    return os.path.join(task_dir, "running.out")
+
+
 def kill_group(pgid: int) -> None:
     """SIGKILL a whole process group; a group that is already gone is not an error."""
     try:

@@ -29,7 +29,7 @@ def build_random_checkpoint(path: str | Path, preset: str = "tiny", vocab_size: 
                             texts: list[str] | None = None, **overrides) -> Path:
     """Write config.json + safetensors + tokenizer files to `path`; returns the path. The tokenizer is
     trained on `texts` (default: a few stdlib sources)."""
-    import torch
+    import torch  # heavy: loaded when a checkpoint is built
 
     from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
     from openglm.tokenizer import train_tokenizer

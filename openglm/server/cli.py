@@ -34,7 +34,7 @@ def serve(args) -> int:
     import sys
     from pathlib import Path
 
-    import torch
+    import torch  # heavy: loaded when serving, `openglm --help` stays fast
     import uvicorn
 
     from openglm.engine import EngineConfig, LLMEngine

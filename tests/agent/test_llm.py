@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from openglm.agent.policy import ToolCallingPolicy
-from openglm.agent.llm import FallbackModel, ModelError, ReplayModel, build_model
+from openglm.agent.llm import FallbackModel, ModelError, ModelSpec, ReplayModel, build_model
 from openglm.agent.llm.openai_chat import OpenAIChatModel
 
 
@@ -60,6 +60,16 @@ def test_fallback_when_primary_fails(fake_openai):
     both_down = FallbackModel(OpenAIChatModel(url, "broken"), OpenAIChatModel("http://127.0.0.1:9", "gone", timeout=2))
     with pytest.raises(ModelError, match="primary failed"):
         both_down.query([{"role": "user", "content": "x"}])
+
+
+def test_model_spec_from_json_and_back():
+    raw = {"base_url": "http://a/v1", "model": "m", "fallback": {"replay": "t.jsonl"}}
+    spec = ModelSpec.from_dict(raw)
+    assert spec.fallback == ModelSpec(replay="t.jsonl") and spec.to_dict() == raw
+    with pytest.raises(ValueError, match="unknown key.*'colour'"):
+        ModelSpec.from_dict({"replay": "t.jsonl", "fallback": {"replay": "u.jsonl", "colour": "blue"}})
+    with pytest.raises(ValueError, match="needs 'replay' or 'base_url'"):
+        build_model(ModelSpec(model="m"))
 
 
 def test_replay_is_stateless_and_reports_exhaustion(tmp_path):

@@ -10,7 +10,7 @@ model/tool wrappers, monitor, budgets, routes and metrics).
 
 from .config import (Action, BudgetConfig, LadderConfig, LadderPolicy, Level, MonitorConfig, ResilienceConfig,
                      StuckConfig, Threshold)
-from .guard import BudgetExceeded, BudgetTracker, StepRecord, StuckDetector, StuckSignal, condense_loop
+from .guard import BudgetExceeded, BudgetTracker, StepDigest, StuckDetector, StuckSignal, condense_loop
 from .hooks import ResilienceMetrics
 from .ladder import (ClassifiedError, Decision, Escalation, Failure, GoalTree, RecoveryLadder, call_with_recovery,
                      classify, parse_plan)
@@ -20,6 +20,6 @@ __all__ = [
     "Action", "Alert", "BudgetConfig", "BudgetExceeded", "BudgetTracker", "ClassifiedError", "Decision",
     "Escalation", "Failure", "GoalTree", "LadderConfig", "LadderPolicy", "LeakDetector", "Level",
     "MonitorConfig", "RecoveryLadder", "ResilienceConfig", "ResilienceMetrics", "ResourceMonitor",
-    "StepRecord", "StuckConfig", "StuckDetector", "StuckSignal", "Threshold", "call_with_recovery",
+    "StepDigest", "StuckConfig", "StuckDetector", "StuckSignal", "Threshold", "call_with_recovery",
     "classify", "condense_loop", "parse_plan", "theil_sen",
 ]

@@ -37,14 +37,30 @@ from .ladder import Decision, Failure, GoalTree, RecoveryLadder, parse_plan
 from .monitor import Parallelism
 
 
+CONTROL = {"submit", "ask_user", "_no_action"}  # the runtime's own tools: not work the agent repeats
+
+
 @dataclass
-class StepRecord:
+class StepDigest:
+    """What stuck detection compares of a committed step (the runtime's `agent.hooks.StepRecord`)."""
+
     index: int
     action: str
     observation: str = ""
     error: str | None = None
     workspace_changed: bool = False
     context_limit: bool = False
+
+    @classmethod
+    def of(cls, record) -> "StepDigest":
+        response = record.response
+        action = json.dumps([(c.name, c.arguments) for c in getattr(response, "tool_calls", [])] or
+                            getattr(response, "content", ""), sort_keys=True, default=str)
+        obs = "\n".join(str(o.get("output", "")) for o in record.observations)
+        errors = [str(o.get("output", ""))[-300:] for o in record.observations
+                  if not o.get("ok", True) and o["name"] not in CONTROL]
+        context_limit = any("context" in e.lower() and "limit" in e.lower() for e in errors)
+        return cls(record.step, action, obs, errors[0] if errors else None, record.changed, context_limit)
 
 
 @dataclass
@@ -66,7 +82,7 @@ def _norm(text: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "#", " ".join((text or "").split()))
 
 
-def _key(step: StepRecord) -> tuple[str, str]:
+def _key(step: StepDigest) -> tuple[str, str]:
     # Actions compare exactly (`echo 1` and `echo 2` are different work); observations without numbers.
     return " ".join(step.action.split()), _norm(step.observation)
 
@@ -76,14 +92,14 @@ class StuckDetector:
         self.config = config or StuckConfig()
         c = self.config
         keep = max(c.repeat_pairs, c.repeat_errors, c.cycle_repeats * c.max_period, c.context_limit_errors)
-        self.recent: deque[StepRecord] = deque(maxlen=keep)
+        self.recent: deque[StepDigest] = deque(maxlen=keep)
         self.unchanged: list[int] = []  # steps since the last workspace change
 
     def reset(self):
         self.recent.clear()
         self.unchanged = []
 
-    def observe(self, step: StepRecord) -> StuckSignal | None:
+    def observe(self, step: StepDigest) -> StuckSignal | None:
         """Feed one finished step; returns a signal (and forgets the loop) when the agent is stuck."""
         self.recent.append(step)
         self.unchanged = [] if step.workspace_changed else self.unchanged + [step.index]
@@ -93,7 +109,7 @@ class StuckDetector:
             self.reset()
         return signal
 
-    def _tail(self, n: int) -> list[StepRecord]:
+    def _tail(self, n: int) -> list[StepDigest]:
         return list(self.recent)[-n:] if len(self.recent) >= n else []
 
     def _repeated_pair(self):
@@ -251,8 +267,6 @@ class BudgetTracker:
         return self
 
 
-CONTROL = {"submit", "ask_user", "_no_action"}
-
 
 class Guard:
     def __init__(self, ctx, config: ResilienceConfig, metrics=None):
@@ -326,7 +340,7 @@ class Guard:
         failure = self._verify(record)
         failing_calls = [o for o in record.observations if not o.get("ok", True) and o["name"] not in CONTROL]
         self.streak = self.streak + 1 if failing_calls else 0
-        signal = self.stuck.observe(_step_record(record))
+        signal = self.stuck.observe(StepDigest.of(record))
         if signal is not None:
             self.event("stuck", signal.to_dict())
             if self.metrics is not None:
@@ -398,13 +412,3 @@ class Guard:
             self.ctx.request_input(d.question)
         self.event("recovery_action", {"level": int(d.level), "attempt": d.attempt, "error_class": d.error_class})
 
-
-def _step_record(record) -> StepRecord:
-    response = record.response
-    action = json.dumps([(c.name, c.arguments) for c in getattr(response, "tool_calls", [])] or
-                        getattr(response, "content", ""), sort_keys=True, default=str)
-    obs = "\n".join(str(o.get("output", "")) for o in record.observations)
-    errors = [str(o.get("output", ""))[-300:] for o in record.observations
-              if not o.get("ok", True) and o["name"] not in CONTROL]
-    context_limit = any("context" in e.lower() and "limit" in e.lower() for e in errors)
-    return StepRecord(record.step, action, obs, errors[0] if errors else None, record.changed, context_limit)

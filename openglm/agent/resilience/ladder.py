@@ -94,7 +94,7 @@ def _http_status(exc: BaseException) -> int | None:
 
 def _is_httpx_transport(exc: BaseException) -> bool:
     try:
-        import httpx
+        import httpx  # only to recognise its exception types; the caller has it loaded
     except ImportError:
         return False
     return isinstance(exc, (httpx.TimeoutException, httpx.TransportError))

@@ -107,7 +107,7 @@ class EndpointSample:
 
 def probe_endpoint(url: str, timeout_s: float = 3.0) -> EndpointSample:
     """GET the endpoint; any HTTP answer under 500 means the server is reachable."""
-    import httpx
+    import httpx  # loaded with the first probe (the monitor is optional)
 
     start = time.perf_counter()
     try:

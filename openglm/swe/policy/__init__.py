@@ -11,12 +11,8 @@ __all__ = ["PHASES", "PhaseBudget", "SWEPolicy", "SWEPolicyConfig", "factory"]
 
 
 def factory(config=None) -> SWEPolicy:
-    """AgentConfig.policy entry point; budgets etc. come from $OPENGLM_SWE_POLICY (a JSON file) if set."""
-    import json
-    import os
-
-    path = os.environ.get("OPENGLM_SWE_POLICY")
-    raw = json.loads(open(path).read()) if path else {}
+    """AgentConfig.policy entry point; budgets etc. come from `AgentConfig.policy_config` (SWEPolicyConfig keys)."""
+    raw = dict(config.policy_config) if config is not None else {}
     if config is not None and "context_limit" not in raw:
         raw["context_limit"] = config.context_limit
     return SWEPolicy(SWEPolicyConfig.from_dict(raw))

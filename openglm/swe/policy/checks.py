@@ -21,14 +21,14 @@ def _emit(summary: str, data: dict) -> None:
 
 
 def repomap(req: dict) -> None:
-    from openglm.swe.repomap import render, repo_map
+    from openglm.swe.repomap import render, repo_map  # each check loads only what it runs (one process per check)
 
     m = repo_map(".")
     _emit(render(m, max_lines=60), {"files": m["n_python_files"], "tests": m["tests"]["count"]})
 
 
 def localize(req: dict) -> None:
-    from openglm.swe.localize import LocalizeConfig, localize as run
+    from openglm.swe.localize import LocalizeConfig, localize as run  # runs tests with coverage
 
     out = run(".", req.get("failing_tests", []), issue=req.get("issue", ""), config=LocalizeConfig(top=10))
     top = {level: [x["location"] for x in out["combined"][level][:5]] for level in ("files", "functions", "lines")}
@@ -39,7 +39,7 @@ def localize(req: dict) -> None:
 
 def search(req: dict) -> None:
     """The code knowledge base (openglm.retrieval): the repo's index if built, else live BM25."""
-    from openglm.retrieval.code_index import search_repository
+    from openglm.retrieval.code_index import search_repository  # FAISS + torch: only for this check
 
     hits, how = search_repository(".", req["query"], k=int(req.get("k", 10)), mode=req.get("mode", "hybrid"))
     rows = [{"location": h.location, "name": h.name, "score": round(h.score, 4)} for h in hits]
@@ -48,7 +48,7 @@ def search(req: dict) -> None:
 
 
 def bisect(req: dict) -> None:
-    from openglm.swe.bisect import bisect as run
+    from openglm.swe.bisect import bisect as run  # only for this check
 
     out = run(".", req["good"], req["command"], bad=req.get("bad", "HEAD"))
     _emit(f"first bad commit: {out['first_bad_commit']} {out.get('subject', '')}",
@@ -57,7 +57,7 @@ def bisect(req: dict) -> None:
 
 def regress(req: dict) -> None:
     """Write the regression test and run it: it must FAIL before the fix (TDD)."""
-    from openglm.swe.testrun import run_tests
+    from openglm.swe.testrun import run_tests  # only for this check
 
     path = Path(req["path"])
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +73,7 @@ def regress(req: dict) -> None:
 
 
 def score(req: dict) -> None:
-    from openglm.swe.policy.scoring import score_and_apply
+    from openglm.swe.policy.scoring import score_and_apply  # only for this check
 
     out = score_and_apply(".", req["candidates"], req.get("tests", []), req.get("suite", True),
                           req.get("timeout", 600))
@@ -89,7 +89,7 @@ def score(req: dict) -> None:
 
 
 def suite(req: dict) -> None:
-    from openglm.swe.testrun import repo_runner, run_tests
+    from openglm.swe.testrun import repo_runner, run_tests  # only for this check
 
     runner = repo_runner(".")
     run = run_tests(".", req.get("targets", []), runner=runner, timeout=req.get("timeout", 900))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from openglm.util.strict import check_keys
+
 PHASES = ("environment", "diagnosis", "design", "verification")
 
 
@@ -32,9 +34,7 @@ class SWEPolicyConfig:
     @classmethod
     def from_dict(cls, raw: dict) -> "SWEPolicyConfig":
         raw = dict(raw)
-        unknown = set(raw) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"swe policy config: unknown key(s) {sorted(unknown)}")
+        check_keys(raw, cls, "key(s) of the swe policy config")
         budgets = _default_budgets()
         for phase, b in raw.pop("budgets", {}).items():
             if phase not in PHASES:

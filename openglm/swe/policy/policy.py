@@ -53,12 +53,17 @@ class SWEPolicy(ToolCallingPolicy):
                 ctx.rollback(pd["pending_rollback"])
             pd["pending_rollback"] = None
             state.phase_data = pd
-            events.append(("phase", {"phase": pd["phase"], "data": pd}))
+            events.append(("phase", {"phase": pd["phase"], "data": pd, "budget": self._budget(pd)}))
         messages, _, more = super().prepare(ctx, state, tools)
         self._pd = pd
         messages = messages + [{"role": "user", "content": self._phase_prompt(pd)}]
         offered = [t for t in tools if t["function"]["name"] != "submit" or pd["phase"] == "verification"]
         return messages, offered + PHASE_TOOLS[pd["phase"]], events + more
+
+    def _budget(self, pd: dict) -> dict:
+        """The phase's budget, shown by the dashboard next to the steps and time spent in the phase."""
+        b = self.config.budgets[pd["phase"]]
+        return {"steps": b.steps, "minutes": b.minutes}
 
     def _phase_prompt(self, pd: dict) -> str:
         if pd["ask_human"]:
@@ -132,7 +137,7 @@ class SWEPolicy(ToolCallingPolicy):
             elif obs["call_id"] in calls:
                 self._observe(pd, calls[obs["call_id"]], obs, ctx, record.step, events)
         self._check_budget(pd, ctx, record.step, events)
-        events.append(("phase", {"phase": pd["phase"], "data": pd}))
+        events.append(("phase", {"phase": pd["phase"], "data": pd, "budget": self._budget(pd)}))
         self._pd = pd
         return events
 

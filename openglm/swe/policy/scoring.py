@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from openglm.swe.code import CodeIndex
+from openglm.retrieval.spans import FunctionIndex
 from openglm.swe.repomap import impact
 from openglm.swe.testrun import run_tests
 from openglm.swe.verify import compile_check, pyflakes_check
@@ -71,8 +71,8 @@ def score_candidate(workspace: Path, patch: str, tests: list[str], suite: bool, 
         flakes = pyflakes_check(scratch, [c["file"] for c in compiled if c["ok"]])
         s["new_pyflakes"] = [f"{m['file']}:{m['line']}: {m['message']}" for m in flakes
                              if sum(1 for x in flakes if x["file"] == m["file"]) > before.get(m["file"], 0)]
-        index = CodeIndex(scratch)
-        changed = {f: sorted({fn.qualname for ln in lines if (fn := index.function_at(f, ln))})
+        index = FunctionIndex(scratch)
+        changed = {f: sorted({fn.name for ln in lines if (fn := index.function_at(f, ln))})
                    for f, lines in changed_lines(patch).items() if f.endswith(".py")}
         s["impact"] = impact(scratch, changed)
         target = run_tests(scratch, tests, timeout=timeout) if tests else None  # the repository's runner

@@ -105,14 +105,14 @@ WORKER_SCRIPT = r"""
 import json, os, sys
 from openglm.agent.config import AgentConfig
 from openglm.agent.llm import ReplayModel
-from openglm.agent.resilience.hooks import resilience_hooks
+from openglm.agent.resilience.hooks import ResilienceHooks
 from openglm.agent.store.sqlite_store import SQLiteStore
 from openglm.agent.worker import Worker
 sys.path.insert(0, sys.argv[3])
 from agentkit import fast_config
 config = AgentConfig(data_dir=sys.argv[1], lease_ttl=3.0, poll_interval=0.05)
 worker = Worker(config, store=SQLiteStore(sys.argv[2]), model=ReplayModel(sys.argv[4]),
-                hooks=resilience_hooks(fast_config()))
+                hooks=ResilienceHooks(fast_config()))
 print(json.dumps({"state": worker.run_one(), "pid": os.getpid()}))
 """
 
