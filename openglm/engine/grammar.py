@@ -28,7 +28,7 @@ class GrammarEngine:
     """The llguidance view of one tokenizer + vocabulary; builds a matcher per sequence."""
 
     def __init__(self, tokenizer, vocab_size: int):
-        import llguidance
+        import llguidance  # the grammar engine: loaded only when a request is constrained
 
         self._llg = llguidance
         # the stop tokens are the grammar's "eos": a finished grammar may only stop the turn

@@ -68,7 +68,7 @@ class LLMEngine:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> "LLMEngine":
-        from openglm.model import load_model
+        from openglm.model import load_model  # torch weights: loaded only from a checkpoint
 
         config = config or EngineConfig()
         path = resolve_checkpoint(path)

@@ -8,6 +8,7 @@ benchmark generator.
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import json
 import os
 import shutil
@@ -154,8 +155,6 @@ def repo_runner(repo: str | Path) -> str:
     """The runner the repository's tests are written for: "pytest" when it configures pytest (a pytest
     config section, conftest.py) or its tests use it; "unittest" when its tests are unittest suites only
     (or pytest is not installed); "pytest" otherwise."""
-    import importlib.util
-
     repo = Path(repo)
     if importlib.util.find_spec("pytest") is None:
         return "unittest"
