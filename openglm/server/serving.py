@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import time
 import uuid
@@ -12,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from openglm.engine.grammar import GrammarError
-from openglm.engine.sampling_params import SamplingParams
+from openglm.engine.sampling_params import SamplingParams, SamplingParamsError
 from openglm.server.async_engine import AsyncEngine
 from openglm.server.errors import APIError
 from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -21,11 +22,20 @@ from openglm.server.structured import request_grammar
 from openglm.tokenizer import TokenizerError
 
 
+TOKENIZE_THREADS = 2  # rendering and tokenising run here, never on the event loop
+
+
 class OpenAIServing:
     def __init__(self, engine: AsyncEngine, tokenizer, model_name: str, max_model_len: int, vocab_size: int,
                  grammar_engine=None):
         self.engine, self.tokenizer, self.grammar_engine = engine, tokenizer, grammar_engine
         self.model_name, self.max_model_len, self.vocab_size = model_name, max_model_len, vocab_size
+        self.pool = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="openglm-tokenize")
+
+    async def off_loop(self, fn, *args):
+        """Run CPU-heavy request preparation (a template, a long prompt) in the tokenizer threads so
+        that the event loop (other clients, /health) keeps answering meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
@@ -35,6 +45,23 @@ class OpenAIServing:
     # ---- request preparation ---------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return self.check_prompt(ids)
+
+    def encode_all(self, prompts: list[str | list[int]]) -> list[list[int]]:
+        return [self.encode(p) for p in prompts]
+
+    def render_and_encode(self, req: ChatCompletionRequest) -> list[int]:
+        """The prompt's token ids; conversation text is never read as control tokens."""
+        try:
+            ids = self.tokenizer.apply_chat_template(
+                req.template_messages(), tools=req.template_tools(), add_generation_prompt=req.add_generation_prompt,
+                tokenize=True, enable_thinking=req.chat_template_kwargs.enable_thinking,
+                clear_thinking=req.chat_template_kwargs.clear_thinking)
+        except TokenizerError as exc:  # template errors (unknown role, bad structure) are the caller's
+            raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
+        return self.check_prompt(ids)
+
+    def check_prompt(self, ids: list[int]) -> list[int]:
         if not ids:
             raise APIError(400, "the prompt is empty", param="prompt")
         if any(not 0 <= t < self.vocab_size for t in ids):
@@ -59,11 +86,11 @@ class OpenAIServing:
                 repetition_penalty=float(req.repetition_penalty), presence_penalty=float(req.presence_penalty),
                 frequency_penalty=float(req.frequency_penalty), seed=req.seed,
                 max_tokens=max_tokens or min(room, default_max or room), min_tokens=req.min_tokens,
-                stop=req.stop, stop_token_ids=sorted(set(req.stop_token_ids or []) | set(extra_stop_ids)),
+                stop=req.stop, stop_token_ids=set(req.stop_token_ids or ()) | set(extra_stop_ids),
                 ignore_eos=req.ignore_eos, include_stop_str_in_output=req.include_stop_str_in_output,
                 n=req.n, logprobs=logprobs)
-        except ValueError as exc:
-            raise APIError(400, str(exc)) from exc
+        except SamplingParamsError as exc:
+            raise APIError(400, str(exc), param=exc.field) from exc
 
     def _submit_all(self, prompts, params, is_disconnected) -> list:
         streams = []
@@ -79,7 +106,8 @@ class OpenAIServing:
     # ---- endpoints ---------------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, request: Request):
         self.check_model(req.model)
-        prompts = [self.encode(p) for p in req.prompts()]
+        self.engine.check_fits(len(req.prompts()))
+        prompts = await self.off_loop(self.encode_all, req.prompts())
         params = [self.params(req, len(ids), req.max_tokens, 16, req.logprobs) for ids in prompts]
         meta = render.Meta(f"cmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name, self.tokenizer)
         echo = [self.tokenizer.decode(ids) if req.echo else "" for ids in prompts]
@@ -93,7 +121,7 @@ class OpenAIServing:
     async def chat(self, req: ChatCompletionRequest, request: Request):
         self.check_model(req.model)
         thinking = req.chat_template_kwargs.enable_thinking
-        ids = self.encode(self.render_chat(req, thinking))  # token ids: not re-tokenized
+        ids = await self.off_loop(self.render_and_encode, req)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         max_tokens = req.max_completion_tokens or req.max_tokens
         params = self.params(req, len(ids), max_tokens, None, logprobs, self.tokenizer.stop_ids)
@@ -106,15 +134,6 @@ class OpenAIServing:
             return _sse(render.chat_stream(meta, _merge([stream]), req.n, include_usage, thinking, tools))
         finals = await _collect([stream])
         return JSONResponse(render.chat_body(meta, finals[0], thinking, tools))
-
-    def render_chat(self, req: ChatCompletionRequest, thinking: bool) -> list[int]:
-        """The prompt's token ids; conversation text is never read as control tokens."""
-        try:
-            return self.tokenizer.apply_chat_template(
-                req.template_messages(), tools=req.template_tools(), add_generation_prompt=req.add_generation_prompt,
-                tokenize=True, enable_thinking=thinking, clear_thinking=req.chat_template_kwargs.clear_thinking)
-        except TokenizerError as exc:  # template errors (unknown role, bad structure) are the caller's
-            raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
 
     def grammar(self, req: ChatCompletionRequest, thinking: bool) -> str | None:
         grammar = request_grammar(req, self.tokenizer, thinking)
