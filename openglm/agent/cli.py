@@ -153,7 +153,7 @@ def _reporting_store_errors(func):
     """A corrupt or unreadable store is one line on stderr (with the recovery command) and exit 2."""
 
     def run(args):
-        from openglm.agent.store import StoreCorrupt, StoreUnavailable
+        from openglm.agent.store import StoreCorrupt, StoreUnavailable  # sqlite/redis: loaded when a command runs
 
         try:
             return func(args)
@@ -172,7 +172,7 @@ def _sqlite_path(args) -> str:
 
 
 def cmd_backup(args):
-    from openglm.agent.store.sqlite_store import SQLiteStore
+    from openglm.agent.store.sqlite_store import SQLiteStore  # (as above)
 
     store = SQLiteStore(_sqlite_path(args))
     try:
@@ -183,7 +183,7 @@ def cmd_backup(args):
 
 
 def cmd_restore(args):
-    from openglm.agent.store.sqlite_store import SQLiteStore
+    from openglm.agent.store.sqlite_store import SQLiteStore  # (as above)
 
     path = _sqlite_path(args)
     SQLiteStore.restore(args.src, path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import sys
 from pathlib import Path
 
 from openglm.server.limits import ServerLimits
@@ -91,8 +92,6 @@ def register(subparsers):
 
 
 def serve(args) -> int:
-    import sys
-
     try:
         api_key = resolve_api_key(args)
         limits = ServerLimits(args.max_body_bytes, args.body_timeout, args.header_timeout, args.keep_alive_timeout,

@@ -14,6 +14,7 @@ import asyncio
 import json
 from dataclasses import dataclass
 
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
@@ -122,7 +123,6 @@ def header_timeout_protocol(header_timeout_s: float) -> type[H11Protocol]:
 
 
 def uvicorn_config(app, host: str, port: int, limits: ServerLimits, log_level: str = "info"):
-    import uvicorn
 
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=header_timeout_protocol(limits.header_timeout_s),
                           timeout_keep_alive=limits.keep_alive_s, limit_concurrency=limits.limit_concurrency,
