@@ -138,7 +138,7 @@ async def _run_level(url, prompts, outs, concurrency) -> dict:
 def bench_online(ckpt: Path, args) -> list[dict]:
     import httpx
 
-    from openglm.engine.tokenizing import EngineTokenizer
+    from openglm.tokenizer import Tokenizer
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -157,7 +157,7 @@ def bench_online(ckpt: Path, args) -> list[dict]:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise RuntimeError("openglm serve did not start")
                 time.sleep(0.3)
-        tok = EngineTokenizer(ckpt)
+        tok = Tokenizer.from_checkpoint(ckpt)
         levels = []
         for conc in args.concurrency:
             n = max(args.online_min_requests, 2 * conc)

@@ -1,22 +1,33 @@
-"""Byte-level BPE tokenizer: training, saving in the Hugging Face layout, loading, chat template.
+"""The one tokenizer of openglm (training, generation, serving): byte-level BPE, GLM's chat protocol.
 
-The files written by `train_tokenizer` (`tokenizer.json`, `tokenizer_config.json`,
-`special_tokens_map.json`) load unchanged in transformers' `PreTrainedTokenizerFast`; inside
-openglm everything goes through `load_tokenizer(path)`, which returns a small `Tokenizer` wrapper
-used by the trainer, the inference engine and the server.
+`train_tokenizer` writes the Hugging Face layout (`tokenizer.json`, `tokenizer_config.json`,
+`special_tokens_map.json`, `chat_template.jinja`), which loads unchanged in transformers'
+`PreTrainedTokenizerFast`; `Tokenizer.from_checkpoint(path)` loads openglm's own files and any other
+checkpoint's (eos from `tokenizer_config.json`, the chat template from `chat_template.jinja` or
+`tokenizer_config.json["chat_template"]`, else openglm's GLM-5 template).
 
-Special tokens follow GLM: `[gMASK]<sop>` open a sequence, role tokens `<|system|>`, `<|user|>`,
-`<|assistant|>`, `<|observation|>` head each chat turn, `<|endoftext|>` ends a document (and is the
-eos), `<|pad|>` pads. An assistant turn ends when the model emits the next role token or eos, so
-`Tokenizer.stop_ids` holds eos, `<|user|>` and `<|observation|>`.
+GLM's tokens: `[gMASK]<sop>` open a sequence, role tokens `<|system|>`, `<|user|>`, `<|assistant|>`,
+`<|observation|>` head each chat turn, `<|endoftext|>` ends a document (and is the eos), `<|pad|>`
+pads; these are special (dropped when decoding). The markers of reasoning and tool calls
+(`<think>`, `</think>`, `<tool_call>`, `<arg_key>`, `<arg_value>`, `<tool_response>` and their closing
+forms) are single added tokens that decode as text, so the server's output parsers see them. An
+assistant turn ends at eos or the next speaker's role token: `stop_ids` holds eos, `<|user|>`,
+`<|observation|>`.
+
+Chat templates come from checkpoints, i.e. from strangers: they render in Jinja's immutable sandbox
+(no attribute access to Python internals, no mutation of the messages), compiled once per template.
+Text that comes from the conversation (message content, reasoning, tool results, argument strings)
+is tokenized as plain text even where it spells a control token, so a user cannot forge a turn.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -25,54 +36,111 @@ from openglm.util.files import write_atomic
 EOS, PAD, GMASK, SOP = "<|endoftext|>", "<|pad|>", "[gMASK]", "<sop>"
 ROLES = ("system", "user", "assistant", "observation")
 SPECIAL_TOKENS = [EOS, PAD, GMASK, SOP] + [f"<|{r}|>" for r in ROLES]
+MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
+           "<arg_value>", "</arg_value>", "<tool_response>", "</tool_response>"]
 N_BYTES = 256  # byte-level BPE always keeps the 256 single-byte tokens
+TEMPLATE_FILE = "chat_template.jinja"
 
-# GLM-style chat template (Jinja, as transformers renders it):
-#   [gMASK]<sop><|system|>\n{system}<|user|>\n{question}<|assistant|>\n{answer}...
-# `add_generation_prompt` appends `<|assistant|>\n` so the model writes the next answer.
-CHAT_TEMPLATE = (
-    "[gMASK]<sop>"
-    "{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant', 'observation'] %}"
-    "{{ raise_exception('unknown chat role: ' + message['role']) }}"
-    "{% endif %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
+# openglm's own chat template: the GLM-5 format (our text). With tools, a first system turn lists them
+# as JSON and shows the call format; an assistant turn is `<think>reasoning</think>` (or a bare
+# `</think>` when its reasoning is cleared or thinking is off), the answer, then its tool calls; the
+# replies to one batch of calls share one `<|observation|>` turn. `clear_thinking` (default true)
+# keeps reasoning only for turns after the last user message, i.e. within the current tool loop.
+CHAT_TEMPLATE = """\
+{%- macro text(content) -%}
+{%- if content is string -%}{{ content }}
+{%- elif content is iterable and content is not mapping -%}
+{%- for part in content if part.type == 'text' -%}{{ part.text }}{%- endfor -%}
+{%- endif -%}
+{%- endmacro -%}
+{%- set thinking = enable_thinking is not defined or enable_thinking -%}
+{%- set keep_reasoning = clear_thinking is defined and not clear_thinking -%}
+[gMASK]<sop>
+{%- if tools -%}
+<|system|># Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{% for tool in tools %}{{ tool | tojson(ensure_ascii=False) }}
+{% endfor %}</tools>
+
+For each function call, output the function name and arguments within the following XML format:
+<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key><arg_value>{arg-value-1}</arg_value>\
+<arg_key>{arg-key-2}</arg_key><arg_value>{arg-value-2}</arg_value>...</tool_call>
+{%- endif -%}
+{%- set users = namespace(i=-1) -%}
+{%- for m in messages -%}
+{%- if m.role == 'user' -%}{%- set users.i = loop.index0 -%}{%- endif -%}
+{%- endfor -%}
+{%- for m in messages -%}
+{%- if m.role == 'system' or m.role == 'developer' -%}<|system|>{{ text(m.content) }}
+{%- elif m.role == 'user' -%}<|user|>{{ text(m.content) }}
+{%- elif m.role == 'assistant' -%}<|assistant|>
+{%- if m.reasoning_content and (keep_reasoning or loop.index0 > users.i) -%}
+<think>{{ m.reasoning_content }}</think>
+{%- else -%}</think>
+{%- endif -%}
+{{ text(m.content) }}
+{%- for call in m.tool_calls or [] -%}
+{%- set f = call.function if call.function is defined else call -%}
+<tool_call>{{ f.name }}
+{%- for key, value in (f.arguments or {}).items() -%}
+<arg_key>{{ key }}</arg_key><arg_value>{{ value if value is string else value | tojson(ensure_ascii=False) }}</arg_value>
+{%- endfor -%}
+</tool_call>
+{%- endfor -%}
+{%- elif m.role == 'tool' -%}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}<|observation|>{%- endif -%}
+<tool_response>{{ text(m.content) }}</tool_response>
+{%- else -%}{{ raise_exception('unknown chat role: ' ~ m.role) }}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}<|assistant|>{{ '<think>' if thinking else '</think>' }}{%- endif -%}
+"""
+
+# Conversation text is wrapped in these private-use characters before rendering; the rendered prompt
+# is split at them and the wrapped spans are tokenized with control tokens disabled.
+_OPEN, _CLOSE = "\ue000", "\ue001"
+_SPAN = re.compile(f"{_OPEN}(.*?){_CLOSE}", re.S)
 
 
 class TokenizerError(ValueError):
-    """Bad tokenizer input: vocabulary too small, missing files, empty training data."""
+    """Bad tokenizer input: vocabulary too small, missing files, empty training data, bad messages."""
 
 
 def min_vocab_size() -> int:
-    return N_BYTES + len(SPECIAL_TOKENS)
+    return N_BYTES + len(SPECIAL_TOKENS) + len(MARKERS)
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike | None = None,
                     model_max_length: int = 4096, show_progress: bool = False) -> "Tokenizer":
-    """Train a byte-level BPE of `vocab_size` tokens (specials included) on `texts`.
+    """Train a byte-level BPE of `vocab_size` tokens (specials and markers included) on `texts`.
 
-    Saves the three Hugging Face files into `out_dir` when given; returns the loaded wrapper.
+    Saves the Hugging Face files into `out_dir` when given; returns the loaded tokenizer.
     """
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors, trainers  # heavy (Rust tokenizers): loaded when training one
+    from tokenizers import (AddedToken, Tokenizer as HFTokenizer, decoders, models,  # heavy (Rust): loaded when training one
+                            pre_tokenizers, processors, trainers)
 
     if vocab_size < min_vocab_size():
         raise TokenizerError(
             f"vocab_size={vocab_size} is too small: a byte-level BPE needs {N_BYTES} byte tokens plus "
-            f"{len(SPECIAL_TOKENS)} special tokens ({', '.join(SPECIAL_TOKENS)}), i.e. at least {min_vocab_size()}")
+            f"{len(SPECIAL_TOKENS)} special tokens ({', '.join(SPECIAL_TOKENS)}) and {len(MARKERS)} chat markers, "
+            f"i.e. at least {min_vocab_size()}")
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=show_progress,
+        vocab_size=vocab_size - len(MARKERS), special_tokens=SPECIAL_TOKENS, show_progress=show_progress,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2)
     seen = _count_nonempty(texts)
     tok.train_from_iterator(seen, trainer=trainer)
     if seen.count == 0:
         raise TokenizerError("cannot train a tokenizer on an empty corpus (no non-empty texts)")
+    # markers: one token each, kept when decoding (special=False), never split or normalised
+    tok.add_tokens([AddedToken(m, special=False, normalized=False) for m in MARKERS])
     wrapper = Tokenizer(tok, model_max_length=model_max_length)
     if out_dir is not None:
         wrapper.save(out_dir)
@@ -98,6 +166,46 @@ class Tokenizer:
 
     hf: object  # tokenizers.Tokenizer
     model_max_length: int = 4096
+    chat_template: str = CHAT_TEMPLATE
+    eos_token: str = EOS
+    config: dict = field(default_factory=dict)  # tokenizer_config.json, as read
+
+    def __post_init__(self):
+        from tokenizers import Tokenizer as HFTokenizer  # heavy (Rust tokenizers): loaded with a tokenizer
+
+        # a second copy that reads control-token and marker text as plain text, for conversation content
+        # (encode_special_tokens splits only special tokens, so every added token is made special there)
+        spec = json.loads(self.hf.to_str())
+        for added in spec.get("added_tokens") or []:
+            added["special"] = True
+        self._plain = HFTokenizer.from_str(json.dumps(spec))
+        self._plain.encode_special_tokens = True
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike) -> "Tokenizer":
+        """Load from a folder holding `tokenizer.json` (or the file itself); see the module docstring."""
+        from tokenizers import Tokenizer as HFTokenizer  # heavy (Rust tokenizers): loaded with a tokenizer
+
+        p = Path(path)
+        file = p / "tokenizer.json" if p.is_dir() else p
+        if not file.is_file():
+            raise TokenizerError(f"no tokenizer found: {file} does not exist")
+        try:
+            hf = HFTokenizer.from_file(str(file))
+        except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
+            raise TokenizerError(f"{file} is not a valid tokenizer.json: {exc}") from None
+        config = _read_json(file.parent / "tokenizer_config.json")
+        template_file = file.parent / TEMPLATE_FILE
+        template = template_file.read_text(encoding="utf-8") if template_file.is_file() else config.get("chat_template")
+        if isinstance(template, list):  # transformers' named-template form: [{"name", "template"}]
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        if template is not None and not isinstance(template, str):
+            raise TokenizerError(f"{file.parent}: chat_template must be a string")
+        tok = cls(hf, model_max_length=int(config.get("model_max_length") or 4096),
+                  chat_template=template or CHAT_TEMPLATE, eos_token=_token_text(config.get("eos_token")) or EOS,
+                  config=config)
+        compile_template(tok.chat_template)  # a broken template is an error at load, not at the first request
+        return tok
 
     # ---- ids of the special tokens
     def token_id(self, token: str) -> int:
@@ -106,13 +214,22 @@ class Tokenizer:
             raise TokenizerError(f"special token {token!r} is missing from this tokenizer's vocabulary")
         return idx
 
+    def _ids_of(self, tokens: Iterable[str]) -> list[int]:
+        return [i for i in (self.hf.token_to_id(t) for t in tokens) if i is not None]
+
+    @property
+    def eos_ids(self) -> list[int]:
+        """The end-of-document token(s) (empty for a vocabulary without one)."""
+        return self._ids_of([self.eos_token])
+
     @property
     def eos_id(self) -> int:
-        return self.token_id(EOS)
+        return self.token_id(self.eos_token)
 
     @property
     def pad_id(self) -> int:
-        return self.token_id(PAD)
+        ids = self._ids_of([_token_text(self.config.get("pad_token")) or PAD]) or self.eos_ids
+        return ids[0] if ids else 0
 
     @property
     def bos_ids(self) -> list[int]:
@@ -122,7 +239,11 @@ class Tokenizer:
     @property
     def stop_ids(self) -> list[int]:
         """Token ids that end an assistant turn (eos or the next speaker's role token)."""
-        return [self.eos_id, self.token_id("<|user|>"), self.token_id("<|observation|>")]
+        return list(dict.fromkeys(self.eos_ids + self._ids_of(["<|user|>", "<|observation|>"])))
+
+    def marker_id(self, marker: str) -> int | None:
+        """The id of a chat marker (`</think>`, ...) when it is one token of this vocabulary."""
+        return self.hf.token_to_id(marker)
 
     @property
     def vocab_size(self) -> int:
@@ -133,8 +254,13 @@ class Tokenizer:
 
     # ---- text <-> ids
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        """Token ids of `text`; control-token text in it becomes the control token (trusted text only)."""
         ids = self.hf.encode(text, add_special_tokens=False).ids
         return self.bos_ids + ids if add_bos else ids
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of untrusted text: `<|user|>` typed by a user is the characters, not the token."""
+        return self._plain.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.hf.encode_batch(texts, add_special_tokens=False)]
@@ -142,15 +268,32 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tokenize: bool = False) -> str | list[int]:
-        """Render `messages` ([{role, content}]) with the GLM chat template (same output as transformers)."""
-        text = _render_chat(messages, add_generation_prompt)
-        return self.encode(text) if tokenize else text
+    # ---- chat
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
+                            add_generation_prompt: bool = True, tokenize: bool = False,
+                            **template_kwargs) -> str | list[int]:
+        """Render `messages` (OpenAI chat messages, whole) and `tools` with the chat template.
+
+        `template_kwargs` reach the template (GLM's `enable_thinking`, `clear_thinking`). With
+        `tokenize=True` returns token ids in which conversation text never becomes a control token.
+        """
+        wrapped = _render(self.chat_template, _template_messages(messages, mark=tokenize), tools,
+                          add_generation_prompt, self._specials(), template_kwargs)
+        if not tokenize:
+            return wrapped
+        ids: list[int] = []
+        pos = 0
+        for m in _SPAN.finditer(wrapped):
+            ids += self.encode(_unmark(wrapped[pos:m.start()])) + self.encode_plain(m.group(1))
+            pos = m.end()
+        return ids + self.encode(_unmark(wrapped[pos:]))
+
+    def _specials(self) -> dict:
+        return {k: _token_text(self.config.get(k)) for k in ("bos_token", "eos_token", "pad_token")}
 
     # ---- files
     def save(self, out_dir: str | os.PathLike) -> Path:
-        """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json (each atomically)."""
+        """Write tokenizer.json, tokenizer_config.json, special_tokens_map.json and chat_template.jinja."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         specials = {"bos_token": SOP, "eos_token": EOS, "pad_token": PAD}
@@ -160,47 +303,122 @@ class Tokenizer:
             "additional_special_tokens": [GMASK] + [f"<|{r}|>" for r in ROLES],
             "model_max_length": self.model_max_length,
             "clean_up_tokenization_spaces": False,
-            "chat_template": CHAT_TEMPLATE,
         }
         special_map = {**specials, "additional_special_tokens": config["additional_special_tokens"]}
         write_atomic(out / "tokenizer.json", self.hf.to_str())
         write_atomic(out / "tokenizer_config.json", json.dumps(config, indent=2))
         write_atomic(out / "special_tokens_map.json", json.dumps(special_map, indent=2))
+        write_atomic(out / TEMPLATE_FILE, self.chat_template)
         return out
 
 
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Load a tokenizer from a folder holding `tokenizer.json` (or the file itself)."""
-    from tokenizers import Tokenizer as HFTokenizer  # heavy (Rust tokenizers): loaded with a tokenizer
-
-    p = Path(path)
-    file = p / "tokenizer.json" if p.is_dir() else p
-    if not file.is_file():
-        raise TokenizerError(f"no tokenizer found: {file} does not exist")
-    max_len = 4096
-    cfg_file = file.parent / "tokenizer_config.json"
-    if cfg_file.is_file():
-        max_len = int(json.loads(cfg_file.read_text()).get("model_max_length", max_len))
-    tok = Tokenizer(HFTokenizer.from_file(str(file)), model_max_length=max_len)
-    missing = [t for t in SPECIAL_TOKENS if tok.hf.token_to_id(t) is None]
-    if missing:
-        raise TokenizerError(f"{file} lacks openglm's special tokens {missing}")
-    return tok
+# ---- chat template rendering -------------------------------------------------------------------------
+def _template_messages(messages: list[dict], mark: bool) -> list[dict]:
+    """Messages as chat templates expect them: tool-call arguments as a mapping (GLM templates iterate
+    `arguments.items()`), and (when tokenizing) conversation text wrapped for plain encoding."""
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise TokenizerError(f"messages[{i}] must be an object with a string 'role'")
+        m = dict(msg)
+        for key in ("content", "reasoning_content"):
+            m[key] = _mark_content(m.get(key), mark)
+        if m.get("tool_calls"):
+            m["tool_calls"] = [_template_call(c, i, j, mark) for j, c in enumerate(m["tool_calls"])]
+        out.append(m)
+    return out
 
 
-def _render_chat(messages: list[dict], add_generation_prompt: bool) -> str:
-    return _chat_template().render(messages=messages, add_generation_prompt=add_generation_prompt)
+def _template_call(call: dict, i: int, j: int, mark: bool) -> dict:
+    fn = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise TokenizerError(f"messages[{i}].tool_calls[{j}] needs a function with a string name")
+    args = fn.get("arguments") or {}
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError as exc:
+            raise TokenizerError(f"messages[{i}].tool_calls[{j}].function.arguments is not valid JSON: {exc}") from None
+    if not isinstance(args, dict):
+        raise TokenizerError(f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON object")
+    args = {k: _mark(v) if mark and isinstance(v, str) else v for k, v in args.items()}
+    fn = {**fn, "arguments": args}
+    return {**call, "function": fn} if "function" in call else fn
 
 
-@functools.cache
-def _chat_template():
-    """The chat template, compiled once per process rather than on every render."""
+def _mark_content(content, mark: bool):
+    if not mark:
+        return content
+    if isinstance(content, str):
+        return _mark(content)
+    if isinstance(content, list):
+        return [{**p, "text": _mark(p["text"])} if isinstance(p, dict) and isinstance(p.get("text"), str) else p
+                for p in content]
+    return content
+
+
+def _mark(text: str) -> str:
+    return _OPEN + _unmark(text) + _CLOSE
+
+
+def _unmark(text: str) -> str:
+    return text.replace(_OPEN, "").replace(_CLOSE, "")
+
+
+def _render(template: str, messages, tools, add_generation_prompt, specials, kwargs) -> str:
     import jinja2  # only to render a chat template
 
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    try:
+        return compile_template(template).render(messages=messages, tools=tools or None,
+                                                 add_generation_prompt=add_generation_prompt,
+                                                 **{**specials, **kwargs})
+    except jinja2.TemplateError as exc:  # SecurityError included: a template reaching for internals
+        raise TokenizerError(f"the chat template failed: {exc}") from None
+
+
+@functools.lru_cache(maxsize=8)
+def compile_template(template: str):
+    """Compile a chat template once, in Jinja's immutable sandbox (as transformers renders, minus its
+    access to Python internals)."""
+    import jinja2  # only to render a chat template
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # (as above)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.policies["json.dumps_kwargs"] = {"ensure_ascii": False, "sort_keys": False}
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_template_error
-    return env.from_string(CHAT_TEMPLATE)
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TokenizerError(f"the chat template does not compile: {exc}") from None
+
+
+def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
+    # transformers' tojson: plain json.dumps (Jinja's own escapes <, >, & for HTML)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
 
 
 def _raise_template_error(msg: str):
     raise TokenizerError(msg)
+
+
+def _token_text(value) -> str | None:
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TokenizerError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{path} must hold a JSON object")
+    return data
+

@@ -17,7 +17,8 @@ def add_model_flags(p) -> None:
     """The flags that choose the model (agent-server, worker, swe-solve); read with `model_spec_from_args`."""
     p.add_argument("--replay", help="a replay model instead of an endpoint: JSONL of scripted assistant turns")
     p.add_argument("--model-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--model", help="model name at --model-url")
+    p.add_argument("--model", help="model name at --model-url; without --model-url a preset name "
+                                   "(zai-glm-5.1: Z.ai's hosted GLM-5.1, key in $ZAI_API_KEY)")
     p.add_argument("--api-key-env", default="OPENGLM_MODEL_API_KEY",
                    help="env var holding the model API key (default OPENGLM_MODEL_API_KEY)")
     p.add_argument("--fallback-url", help="fallback model base URL (answers when the primary fails)")
@@ -30,6 +31,15 @@ def model_spec_from_args(args):
 
     if args.replay:
         return ModelSpec(replay=args.replay)
+    if not args.model_url and args.model:  # a named endpoint (openglm/agent/llm/presets.py)
+        from openglm.agent.llm.presets import MODEL_PRESETS, preset_spec
+
+        spec = preset_spec(args.model, os.environ)
+        if spec is None:
+            raise SystemExit(f"--model {args.model!r} is not a preset ({', '.join(MODEL_PRESETS)}); "
+                             "give --model-url for another endpoint")
+        spec["api_key"] = os.environ.get(args.api_key_env) or spec["api_key"]
+        return ModelSpec.from_dict(spec)
     if not args.model_url:
         return None
     if not args.model:

@@ -17,7 +17,7 @@ import time
 
 from openglm.agent.faults import crashpoint
 from openglm.agent.hooks import Hooks, RunContext, StepRecord
-from openglm.agent.llm.base import ModelResponse
+from openglm.agent.llm.base import ContextOverflowError, ModelResponse
 from openglm.agent.process import live_output_file, running_pidfile
 from openglm.agent.state import rebuild
 from openglm.agent.task import TaskState
@@ -153,7 +153,17 @@ class TaskRun:
     def _ask_model(self, n: int) -> ModelResponse:
         messages, tools, pre = self.policy.prepare(self.ctx, self.state, self.toolbox.specs())
         t0 = time.monotonic()
-        response = self._model_call(messages, tools)
+        try:
+            response = self._model_call(messages, tools)
+        except ContextOverflowError:
+            if self.state.condensed_upto >= self.state.step:
+                raise  # already condensed as far as it goes
+            # recoverable: condense every earlier observation (an event, so a resume sees it too), ask again
+            condense = ("condensation", {"upto_step": self.state.step, "reason": "context overflow"})
+            self.state.apply(*condense)
+            messages, tools, more = self.policy.prepare(self.ctx, self.state, self.toolbox.specs())
+            pre = pre + [condense] + more
+            response = self._model_call(messages, tools)
         latency = time.monotonic() - t0
         t = self.task  # only this worker changes the token counters while it holds the lease
         t.prompt_tokens += response.prompt_tokens

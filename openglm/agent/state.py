@@ -53,10 +53,15 @@ class AgentState:
 
     def add_step(self, step: int, response: ModelResponse | None, observations: list[dict], snapshot: str):
         msgs = [response.to_message()] if response is not None else []
+        # OpenAI's order: the assistant's tool calls, then one tool reply per call (in call order), and
+        # only then any user message (observations of calls the model did not make)
+        call_ids = [c.id for c in response.tool_calls] if response is not None else []
+        replies = {o["call_id"]: o for o in observations if o.get("call_id") in call_ids and not o.get("as_user")}
+        for cid in call_ids:
+            output = replies[cid]["output"] if cid in replies else "[no result: the call was not run]"
+            msgs.append({"role": "tool", "tool_call_id": cid, "content": output, "observation": True})
         for o in observations:
-            if o.get("call_id") and not o.get("as_user"):
-                msgs.append({"role": "tool", "tool_call_id": o["call_id"], "content": o["output"], "observation": True})
-            else:
+            if o.get("call_id") not in replies:
                 msgs.append({"role": "user", "content": f"Observation ({o['name']}):\n{o['output']}", "observation": True})
         if msgs:
             self.blocks.append(Block(step, msgs))

@@ -28,7 +28,7 @@ import psutil
 from openglm.agent.config import AgentConfig
 from openglm.agent.hooks import Hooks, load_hooks
 from openglm.agent.loop import TaskRun
-from openglm.agent.llm import ModelError, ModelSpec, build_model
+from openglm.agent.llm import ContextOverflowError, ModelError, ModelSpec, build_model
 from openglm.agent.policy import ToolCallingPolicy
 from openglm.agent.process import kill_leftover_commands
 from openglm.agent.snapshot import Snapshots
@@ -136,6 +136,8 @@ class Worker:
             if e.errno != errno.ENOSPC:
                 return self._stop(task, run, TaskState.FAILED, f"error: {e}")
             return self._stop(task, run, TaskState.PAUSED, f"disk full: {e}")
+        except ContextOverflowError as e:  # before ModelError: the model is there, the history is too long
+            return self._stop(task, run, TaskState.PAUSED, f"context overflow: {e}")
         except ModelError as e:
             return self._stop(task, run, TaskState.PAUSED, f"model unavailable: {e}")
         except Exception as e:  # a bug or a broken workspace: fail loudly, keep the trace in the log

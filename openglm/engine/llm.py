@@ -33,13 +33,16 @@ class LLM:
         return self._run(ids, use_tqdm)
 
     def chat(self, conversations: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
-             use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate replies to chat conversations rendered with the checkpoint's chat template."""
+             use_tqdm: bool = True, tools: list[dict] | None = None,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Generate replies to chat conversations rendered with the checkpoint's chat template
+        (`chat_template_kwargs`, e.g. {"enable_thinking": False}, reach the template as in vLLM)."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]
-        prompts = [self.tokenizer.render_chat(c) for c in conversations]
+        prompts = [self.tokenizer.apply_chat_template(c, tools=tools, tokenize=True, **(chat_template_kwargs or {}))
+                   for c in conversations]
         base = sampling_params or SamplingParams()
-        stop_ids = sorted(set(base.stop_token_ids) | set(self.tokenizer.chat_stop_ids))
+        stop_ids = sorted(set(base.stop_token_ids) | set(self.tokenizer.stop_ids))
         params = replace(base, stop_token_ids=stop_ids)
         return self.generate(prompts, params, use_tqdm)
 

@@ -17,12 +17,14 @@ import torch
 from openglm.engine.block_manager import BlockManager
 from openglm.engine.config import EngineConfig
 from openglm.engine.detokenizer import streamable_length, update_text
+from openglm.engine.grammar import GrammarEngine
 from openglm.engine.model_runner import ModelRunner
 from openglm.engine.outputs import CompletionOutput, RequestOutput
 from openglm.engine.sampler import Sampler
 from openglm.engine.sampling_params import SamplingParams
 from openglm.engine.scheduler import Scheduler
 from openglm.engine.sequence import Sequence
+from openglm.tokenizer import Tokenizer
 from openglm.model.checkpoint import resolve_checkpoint  # a checkpoint, or a run folder's latest one
 
 
@@ -58,6 +60,7 @@ class LLMEngine:
                                   getattr(tokenizer, "pad_id", 0) if tokenizer is not None else 0)
         self.sampler = Sampler(config.seed)
         self.eos_ids = set(getattr(tokenizer, "eos_ids", []) or [])
+        self._grammar: GrammarEngine | None = None
         self.requests: dict[str, list[Sequence]] = {}
         self.sent: dict[int, tuple[int, int]] = {}  # seq_id -> (chars, tokens) already reported
         self._ids = itertools.count()
@@ -65,8 +68,7 @@ class LLMEngine:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> "LLMEngine":
-        from openglm.engine.tokenizing import EngineTokenizer  # tokenizers + weights: loaded only from a checkpoint
-        from openglm.model import load_model
+        from openglm.model import load_model  # torch weights: loaded only from a checkpoint
 
         config = config or EngineConfig()
         path = resolve_checkpoint(path)
@@ -75,7 +77,17 @@ class LLMEngine:
             from openglm.engine.quant import quantize_model  # optional (--quantization)
 
             quantize_model(model, config.quantization)
-        return cls(model, EngineTokenizer(path), config)
+        return cls(model, Tokenizer.from_checkpoint(path), config)
+
+    @property
+    def grammar(self) -> GrammarEngine:
+        """The constrained-decoding engine for this tokenizer (built on first use)."""
+        if self._grammar is None:
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer: constrained decoding needs one")
+            vocab = getattr(self.runner.model.config, "vocab_size", None) or self.tokenizer.vocab_size
+            self._grammar = GrammarEngine(self.tokenizer, vocab)
+        return self._grammar
 
     # ---- what the server reads ------------------------------------------------------------------
     @property
@@ -114,6 +126,9 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         seqs = [Sequence(ids, params, request_id, index=i) for i in range(params.n)]
+        if params.grammar is not None:
+            for seq in seqs:
+                seq.matcher = self.grammar.matcher(params.grammar)
         for seq in seqs:
             self.scheduler.add(seq)
         self.requests[request_id] = seqs
@@ -163,7 +178,10 @@ class LLMEngine:
         rows = [row for row, (seq, n) in enumerate(zip(seqs, num_tokens))
                 if seq.num_computed_tokens + n == seq.num_tokens]  # all inputs computed: gets a new token
         ready = [seqs[row] for row in rows]
-        tokens, logprobs = self.sampler(logits[rows], ready) if ready else ([], [])
+        logits = logits[rows]
+        if any(s.matcher is not None for s in ready):  # constrained rows only; the others are untouched
+            self.grammar.apply_masks(logits, ready)
+        tokens, logprobs = self.sampler(logits, ready) if ready else ([], [])
         for seq, n in zip(seqs, num_tokens):
             seq.num_computed_tokens += n
             self.block_manager.commit(seq)
@@ -211,6 +229,8 @@ class LLMEngine:
             reason, seq.stop_reason = "stop", token
         elif may_stop and token in self.eos_ids and not p.ignore_eos:
             reason = "stop"
+        if seq.matcher is not None and self.grammar.advance(seq, token) and reason is None:
+            reason = "stop"  # the grammar is complete (or, never expected, rejected the token)
         if self.tokenizer is not None and update_text(seq, self.tokenizer.decode) and reason is None:
             reason = "stop"
         if reason is None and (seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len):

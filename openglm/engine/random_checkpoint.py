@@ -26,15 +26,16 @@ def stdlib_texts(limit_chars: int = 200_000) -> list[str]:
 
 
 def build_random_checkpoint(path: str | Path, preset: str = "tiny", vocab_size: int = 384, seed: int = 0,
-                            **overrides) -> Path:
-    """Write config.json + safetensors + tokenizer files to `path`; returns the path."""
+                            texts: list[str] | None = None, **overrides) -> Path:
+    """Write config.json + safetensors + tokenizer files to `path`; returns the path. The tokenizer is
+    trained on `texts` (default: a few stdlib sources)."""
     import torch  # heavy: loaded when a checkpoint is built
 
     from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
     from openglm.tokenizer import train_tokenizer
 
     path = Path(path)
-    tok = train_tokenizer(stdlib_texts(), vocab_size)
+    tok = train_tokenizer(texts if texts is not None else stdlib_texts(), vocab_size)
     cfg = ModelConfig.from_preset(preset, vocab_size=tok.vocab_size, eos_token_id=tok.eos_id,
                                   pad_token_id=tok.pad_id, bos_token_id=tok.bos_ids[-1], **overrides)
     torch.manual_seed(seed)

@@ -56,6 +56,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     n: int = 1
     logprobs: int | None = None  # number of top alternatives to return per token (0 = only the chosen one)
+    grammar: str | None = None  # an llguidance grammar the output must match (engine/grammar.py)
 
     def __post_init__(self):
         if isinstance(self.stop, str):

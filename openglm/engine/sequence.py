@@ -40,6 +40,7 @@ class Sequence:
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None
         self.generator = None  # torch.Generator when params.seed is set (made by the sampler)
+        self.matcher = None  # llguidance matcher when params.grammar is set (made by the engine)
 
     @property
     def num_tokens(self) -> int:

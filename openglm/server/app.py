@@ -32,7 +32,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_queue: i
     metrics = ServerMetrics()
     async_engine = AsyncEngine(engine, max_queue or engine.config.max_queue, metrics)
     vocab = getattr(engine.model_config, "vocab_size", None) or engine.tokenizer.vocab_size
-    serving = OpenAIServing(async_engine, engine.tokenizer, model_name, engine.max_model_len, vocab)
+    serving = OpenAIServing(async_engine, engine.tokenizer, model_name, engine.max_model_len, vocab,
+                            grammar_engine=engine.grammar)
     metrics.observe_engine(engine)
 
     @contextlib.asynccontextmanager

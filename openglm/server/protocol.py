@@ -3,6 +3,7 @@ extras; known fields are type-checked strictly and range-checked, and every viol
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError,
@@ -121,21 +122,126 @@ class CompletionRequest(_Sampling):
         return list(p)
 
 
+# ---- chat messages, tools and output constraints (the chat protocol; see docs/serving.md) ----------
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: str = "text"
-    text: str = ""
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    arguments: str = "{}"  # OpenAI sends the arguments as a JSON string
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, v):
+        try:
+            parsed = json.loads(v or "{}")
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"arguments must be a JSON object string ({exc})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("arguments must be a JSON object string")
+        return v or "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "user", "assistant", "observation", "tool", "function", "developer"]
+    # SDKs replay response messages with extra null fields (refusal, audio, ...): null extras are fine
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+    @model_validator(mode="after")
+    def _known_fields(self):
+        bad = [k for k, v in (self.model_extra or {}).items() if v is not None]
+        if bad:
+            raise ValueError(f"unsupported message field(s) {', '.join(bad)}")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content if p.type == "text")
+            return "".join(p.text for p in self.content)
         return self.content or ""
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: StrictBool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict = Field(default_factory=dict, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class ChatTemplateKwargs(BaseModel):
+    """The template switches openglm honours (GLM's); any other key is a 400, not a silent no-op."""
+    model_config = ConfigDict(extra="forbid")
+    enable_thinking: StrictBool = True
+    clear_thinking: StrictBool = True
+
+
+# Fields of vLLM's / OpenAI's chat request that this server does not implement: sent with a value,
+# they are a 400 naming the field (docs/serving.md lists every field and what openglm does with it).
+UNSUPPORTED_CHAT_FIELDS = (
+    "logit_bias", "functions", "function_call", "audio", "modalities", "prediction", "web_search_options",
+    "best_of", "use_beam_search", "length_penalty", "prompt_logprobs", "truncate_prompt_tokens",
+    "continue_final_message", "echo", "documents", "chat_template", "mm_processor_kwargs", "guided_json",
+    "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern",
+    "structured_outputs", "bad_words", "allowed_token_ids", "logits_processors", "return_tokens_as_token_ids",
+    "return_token_ids", "kv_transfer_params", "vllm_xargs", "reasoning_effort", "thinking_token_budget",
+    "skip_special_tokens", "spaces_between_special_tokens", "priority", "cache_salt", "prompt_embeds",
+)
+
+
+def unsupported_chat_fields(body: dict) -> list[str]:
+    """The unimplemented fields that `body` sets to something other than null/false/empty."""
+    return [k for k in UNSUPPORTED_CHAT_FIELDS if body.get(k) not in (None, False, [], {}, "")]
 
 
 class ChatCompletionRequest(_Sampling):
@@ -144,8 +250,54 @@ class ChatCompletionRequest(_Sampling):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=limits.MAX_LOGPROBS)
     add_generation_prompt: StrictBool = True
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: ChatTemplateKwargs = Field(default_factory=ChatTemplateKwargs)
 
-    def rendered_messages(self) -> list[dict]:
-        # GLM has no tool/developer roles: tool results are observations, developer text is system text
-        alias = {"tool": "observation", "function": "observation", "developer": "system"}
-        return [{"role": alias.get(m.role, m.role), "content": m.text()} for m in self.messages]
+    @model_validator(mode="before")
+    @classmethod
+    def _honoured_fields_only(cls, body):
+        if isinstance(body, dict):
+            bad = unsupported_chat_fields(body)
+            if bad:
+                raise ValueError(f"openglm does not support the field(s) {', '.join(bad)}")
+        return body
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: function names must be unique")
+        if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+            raise ValueError(f"tool_choice: no tool named {self.tool_choice.function.name!r} in tools")
+        if self.tool_choice == "required" and not names:
+            raise ValueError("tool_choice: 'required' needs at least one tool")
+        rf = self.response_format
+        if rf is not None and rf.type == "json_schema" and rf.json_schema is None:
+            raise ValueError("response_format: type 'json_schema' needs a json_schema object")
+        if rf is not None and rf.type != "text" and self.forced_tool_call():
+            raise ValueError("response_format: cannot be combined with a required or named tool_choice")
+        return self
+
+    def effective_tool_choice(self) -> str | NamedToolChoice:
+        """OpenAI's default: 'auto' with tools, 'none' without."""
+        if self.tool_choice is None:
+            return "auto" if self.tools else "none"
+        return self.tool_choice
+
+    def forced_tool_call(self) -> bool:
+        choice = self.effective_tool_choice()
+        return choice == "required" or isinstance(choice, NamedToolChoice)
+
+    def template_messages(self) -> list[dict]:
+        """The messages whole, as the chat template receives them (OpenAI field names)."""
+        keep = set(ChatMessage.model_fields)
+        return [{k: v for k, v in m.model_dump(exclude_none=True).items() if k in keep} for m in self.messages]
+
+    def template_tools(self) -> list[dict] | None:
+        """The tools the template lists: none when tool_choice is 'none' (the model must not call)."""
+        if not self.tools or self.effective_tool_choice() == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from openglm.server.chat_output import ChatOutputParser
+
 
 @dataclass
 class Meta:
@@ -94,31 +96,59 @@ async def completion_stream(meta: Meta, outputs: AsyncIterator, n: int, echo: li
 
 
 # ---- chat -------------------------------------------------------------------------------------------
-def chat_body(meta: Meta, final) -> dict:
-    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                "logprobs": chat_logprobs(meta, c.logprobs) if c.logprobs is not None else None,
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in final.outputs]
+def chat_body(meta: Meta, final, thinking: bool, tools: list[dict] | None) -> dict:
+    choices = []
+    for c in final.outputs:
+        parser = ChatOutputParser(thinking, tools)
+        parser.feed(c.text)
+        parser.finish()
+        message, finish_reason = parser.message(c.finish_reason)
+        choices.append({"index": c.index, "message": message,
+                        "logprobs": chat_logprobs(meta, c.logprobs) if c.logprobs is not None else None,
+                        "finish_reason": finish_reason, "stop_reason": c.stop_reason})
     return {**meta.head("chat.completion"), "choices": choices, "usage": _usage_of([final])}
 
 
-async def chat_stream(meta: Meta, outputs: AsyncIterator, n: int, include_usage: bool) -> AsyncIterator[dict]:
+def _delta_body(delta, tool_index: int) -> dict:
+    body = {}
+    if delta.reasoning:
+        body["reasoning_content"] = delta.reasoning
+    if delta.content:
+        body["content"] = delta.content
+    if delta.calls:
+        body["tool_calls"] = [call.as_openai(tool_index + k) for k, call in enumerate(delta.calls)]
+    return body
+
+
+async def chat_stream(meta: Meta, outputs: AsyncIterator, n: int, include_usage: bool, thinking: bool,
+                      tools: list[dict] | None) -> AsyncIterator[dict]:
     extra = {"usage": None} if include_usage else {}
     for idx in range(n):  # the role comes first, as OpenAI sends it
         yield {**meta.head("chat.completion.chunk"), **extra,
                "choices": [{"index": idx, "delta": {"role": "assistant", "content": ""},
                             "logprobs": None, "finish_reason": None}]}
     final, done = None, set()
+    parsers = [ChatOutputParser(thinking, tools) for _ in range(n)]
     async for _, out in outputs:
         for c in out.outputs:
             if c.index in done or (not c.delta_text and not c.finished and not c.delta_logprobs):
                 continue
+            parser = parsers[c.index]
+            calls_before = len(parser.calls)
+            delta = parser.feed(c.delta_text)
+            finish_reason = None
             if c.finished:
                 done.add(c.index)
+                tail = parser.finish()
+                delta.reasoning, delta.content = delta.reasoning + tail.reasoning, delta.content + tail.content
+                delta.calls += tail.calls
+                finish_reason = parser.message(c.finish_reason)[1]
             lp = chat_logprobs(meta, c.delta_logprobs) if c.logprobs is not None else None
-            delta = {"content": c.delta_text} if c.delta_text else {}
+            body = _delta_body(delta, calls_before)
+            if not body and lp is None and finish_reason is None:
+                continue  # held back (a possible marker): nothing certain to send yet
             yield {**meta.head("chat.completion.chunk"), **extra,
-                   "choices": [{"index": c.index, "delta": delta, "logprobs": lp,
-                                "finish_reason": c.finish_reason if c.finished else None}]}
+                   "choices": [{"index": c.index, "delta": body, "logprobs": lp, "finish_reason": finish_reason}]}
         if out.finished:
             final = out
     if include_usage and final is not None:

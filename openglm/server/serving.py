@@ -12,19 +12,23 @@ from typing import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from openglm.engine.grammar import GrammarError
 from openglm.engine.sampling_params import SamplingParams, SamplingParamsError
 from openglm.server.async_engine import AsyncEngine
 from openglm.server.errors import APIError
 from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
 from openglm.server import render
+from openglm.server.structured import request_grammar
+from openglm.tokenizer import TokenizerError
 
 
 TOKENIZE_THREADS = 2  # rendering and tokenising run here, never on the event loop
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncEngine, tokenizer, model_name: str, max_model_len: int, vocab_size: int):
-        self.engine, self.tokenizer = engine, tokenizer
+    def __init__(self, engine: AsyncEngine, tokenizer, model_name: str, max_model_len: int, vocab_size: int,
+                 grammar_engine=None):
+        self.engine, self.tokenizer, self.grammar_engine = engine, tokenizer, grammar_engine
         self.model_name, self.max_model_len, self.vocab_size = model_name, max_model_len, vocab_size
         self.pool = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="openglm-tokenize")
 
@@ -47,11 +51,15 @@ class OpenAIServing:
         return [self.encode(p) for p in prompts]
 
     def render_and_encode(self, req: ChatCompletionRequest) -> list[int]:
+        """The prompt's token ids; conversation text is never read as control tokens."""
         try:
-            text = self.tokenizer.render_chat(req.rendered_messages(), req.add_generation_prompt)
-        except Exception as exc:  # template errors (unknown role, bad structure) are the caller's
+            ids = self.tokenizer.apply_chat_template(
+                req.template_messages(), tools=req.template_tools(), add_generation_prompt=req.add_generation_prompt,
+                tokenize=True, enable_thinking=req.chat_template_kwargs.enable_thinking,
+                clear_thinking=req.chat_template_kwargs.clear_thinking)
+        except TokenizerError as exc:  # template errors (unknown role, bad structure) are the caller's
             raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
-        return self.encode(text)
+        return self.check_prompt(ids)
 
     def check_prompt(self, ids: list[int]) -> list[int]:
         if not ids:
@@ -112,17 +120,30 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, request: Request):
         self.check_model(req.model)
+        thinking = req.chat_template_kwargs.enable_thinking
         ids = await self.off_loop(self.render_and_encode, req)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         max_tokens = req.max_completion_tokens or req.max_tokens
-        params = self.params(req, len(ids), max_tokens, None, logprobs, self.tokenizer.chat_stop_ids)
+        params = self.params(req, len(ids), max_tokens, None, logprobs, self.tokenizer.stop_ids)
+        params.grammar = self.grammar(req, thinking)
         meta = render.Meta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name, self.tokenizer)
+        tools = req.template_tools()
         stream = self.engine.submit(ids, params, None if req.stream else request.is_disconnected)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _sse(render.chat_stream(meta, _merge([stream]), req.n, include_usage))
+            return _sse(render.chat_stream(meta, _merge([stream]), req.n, include_usage, thinking, tools))
         finals = await _collect([stream])
-        return JSONResponse(render.chat_body(meta, finals[0]))
+        return JSONResponse(render.chat_body(meta, finals[0], thinking, tools))
+
+    def grammar(self, req: ChatCompletionRequest, thinking: bool) -> str | None:
+        grammar = request_grammar(req, self.tokenizer, thinking)
+        if grammar is not None:
+            try:
+                self.grammar_engine.check(grammar)
+            except GrammarError as exc:
+                param = "response_format" if req.response_format is not None else "tools"
+                raise APIError(400, str(exc), param=param) from exc
+        return grammar
 
 
 async def _collect(streams) -> list:

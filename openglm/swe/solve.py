@@ -5,7 +5,7 @@ Each instance is checked out at its base_commit (as the harness does), submitted
 runtime as a task with the problem statement as objective, and run to the end by an in-process
 worker with the SWE policy. The prediction is `git diff base_commit` of the workspace, test files
 left out by default (the instance's test_patch brings the official tests). Finished instances are
-skipped on a rerun.
+skipped on a rerun; PAUSED ones (model unavailable, context overflow) are run again.
 """
 
 from __future__ import annotations
@@ -78,10 +78,22 @@ def solve_instance(instance: dict, config: SolveConfig, policy_factory=None) -> 
             "openglm_state": final.state, "openglm_reason": final.reason}
 
 
+UNFINISHED = ("PAUSED", "NEEDS_INPUT")  # a task stopped for now (model down, context, a question): rerun it
+
+
+def finished_ids(preds_path: Path) -> set[str]:
+    """Instances whose latest prediction ended the task (a rerun skips them; a PAUSED one is run again,
+    its new line superseding the old, since the last prediction of an instance wins)."""
+    if not preds_path.exists():
+        return set()
+    preds = load_predictions(str(preds_path), [])
+    return {iid for iid, rec in preds.items() if rec.get("openglm_state") not in UNFINISHED}
+
+
 def solve(instances: list[dict], config: SolveConfig, policy_factory=None) -> Path:
     config.out_dir.mkdir(parents=True, exist_ok=True)
     preds_path = config.out_dir / "predictions.jsonl"
-    done = set(load_predictions(str(preds_path), [])) if preds_path.exists() else set()
+    done = finished_ids(preds_path)
     with preds_path.open("a") as f:
         for inst in tqdm([i for i in instances if i["instance_id"] not in done], desc="swe-solve", unit="inst"):
             f.write(json.dumps(solve_instance(inst, config, policy_factory)) + "\n")

@@ -8,6 +8,7 @@ benchmark generator.
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import json
 import os
 import shutil
@@ -119,8 +120,8 @@ def run_unittest(repo: str | Path, targets: list[str], *, python: str = sys.exec
                  pythonpath: list[str] | None = None, timeout: float = 600) -> TestRun:
     """Run `python -m unittest -v targets` (discovery when no target) and parse the verbose log."""
     repo = Path(repo)
-    # discovery is a subcommand: `unittest discover -v`; `unittest -v discover` imports a module "discover"
-    cmd = [python, "-m", "unittest", *(["-v", *targets] if targets else ["discover", "-v"])]
+    # `unittest -v discover` would load a test named "discover": discovery takes its options after it
+    cmd = [python, "-m", "unittest", "-v", *targets] if targets else [python, "-m", "unittest", "discover", "-v"]
     run = TestRun()
     _run_into(run, cmd, repo, child_env(repo, pythonpath), timeout)
     for name, status in parse_unittest_log(run.output).items():
@@ -144,3 +145,72 @@ def per_test_lines(coverage_file: str) -> dict[str, dict[str, set[int]]]:
                     by_test.setdefault(ctx, set()).add(line)
         out[path] = by_test
     return out
+
+
+# ---- the repository's own runner ------------------------------------------------------------------
+_PYTEST_MARKS = ("import pytest", "from pytest", "@pytest.", "pytest.fixture")
+
+
+def repo_runner(repo: str | Path) -> str:
+    """The runner the repository's tests are written for: "pytest" when it configures pytest (a pytest
+    config section, conftest.py) or its tests use it; "unittest" when its tests are unittest suites only
+    (or pytest is not installed); "pytest" otherwise."""
+    repo = Path(repo)
+    if importlib.util.find_spec("pytest") is None:
+        return "unittest"
+    if any((repo / n).is_file() and (not s or s in (repo / n).read_text(errors="replace"))
+           for n, s in _PYTEST_SECTIONS.items()) or (repo / "conftest.py").is_file():
+        return "pytest"
+    uses_unittest = False
+    for path in _test_files(repo):
+        text = path.read_text(errors="replace")
+        if path.name == "conftest.py" or any(m in text for m in _PYTEST_MARKS):
+            return "pytest"
+        uses_unittest = uses_unittest or "unittest" in text
+    return "unittest" if uses_unittest else "pytest"
+
+
+def _test_files(repo: Path, limit: int = 500):
+    skip = {".git", ".venv", "venv", "node_modules", "__pycache__", ".tox", "build", "dist"}
+    n = 0
+    for path in sorted(repo.rglob("*.py")):
+        if skip.intersection(path.relative_to(repo).parts):
+            continue
+        if path.name.startswith("test") or path.name.endswith("_test.py") or path.name == "conftest.py":
+            yield path
+            n += 1
+            if n >= limit:
+                return
+
+
+def run_tests(repo: str | Path, targets: list[str], *, runner: str = "auto", timeout: float = 600,
+              python: str = sys.executable) -> TestRun:
+    """Run `targets` (pytest node ids, `path.py::Class::test`; none: the whole suite) with the
+    repository's runner. Results are keyed by node id whichever runner ran them."""
+    repo = Path(repo)
+    runner = repo_runner(repo) if runner == "auto" else runner
+    if runner == "pytest":
+        return run_pytest(repo, targets, python=python, timeout=timeout)
+    run = run_unittest(repo, [unittest_name(t) for t in targets], python=python, timeout=timeout)
+    run.results = {node_id(repo, name): r for name, r in run.results.items()}
+    return run
+
+
+def unittest_name(target: str) -> str:
+    """`tests/test_x.py::TestX::test_y` -> `tests.test_x.TestX.test_y` (unittest's dotted name)."""
+    path, _, rest = target.partition("::")
+    module = path[:-3] if path.endswith(".py") else path
+    return ".".join([module.replace("/", ".").replace(os.sep, "."), *filter(None, rest.split("::"))])
+
+
+def node_id(repo: Path, name: str) -> str:
+    """unittest's `test_y (tests.test_x.TestX.test_y)` -> `tests/test_x.py::TestX::test_y`."""
+    method, _, where = name.partition(" (")
+    parts = where.rstrip(")").split(".") if where else [method]
+    if parts[-1] != method:
+        parts.append(method)  # Python < 3.11 prints only the class in parentheses
+    for i in range(len(parts) - 1, 0, -1):
+        file = "/".join(parts[:i]) + ".py"
+        if (repo / file).is_file():
+            return "::".join([file, *parts[i:]])
+    return name

@@ -132,11 +132,11 @@ def _train(args) -> int:
 def _generate(args) -> int:
     def run():
         from openglm.model.checkpoint import load_model, resolve_checkpoint  # torch: loaded when the command runs
-        from openglm.tokenizer import load_tokenizer
+        from openglm.tokenizer import Tokenizer
         from openglm.train.generate import generate
 
         ckpt = resolve_checkpoint(args.checkpoint)
-        model, tok = load_model(ckpt), load_tokenizer(ckpt)
+        model, tok = load_model(ckpt), Tokenizer.from_checkpoint(ckpt)
         print(args.prompt, end="", flush=True)
         generate(model, tok, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
                  stream=lambda s: print(s, end="", flush=True))

@@ -11,7 +11,7 @@ import numpy as np
 
 from openglm.model.config import ModelConfig
 from openglm.model.errors import CheckpointError
-from openglm.tokenizer import load_tokenizer, train_tokenizer
+from openglm.tokenizer import Tokenizer, train_tokenizer
 from openglm.train import dist
 from openglm.train.config import RESUME_MUST_MATCH, TrainConfig
 from openglm.train.data import load_documents, split_documents, tokenize_documents
@@ -47,7 +47,7 @@ def prepare_tokens(cfg: TrainConfig, out: Path, info: dist.DistInfo, tokenizer=N
     train_docs, val_docs = split_documents(docs, cfg.val_fraction)
     tok_dir = out / "tokenizer"
     if tokenizer is None and cfg.tokenizer:
-        tokenizer = load_tokenizer(cfg.tokenizer)
+        tokenizer = Tokenizer.from_checkpoint(cfg.tokenizer)
     if tokenizer is None and not (tok_dir / "tokenizer.json").is_file():
         if info.is_main:
             vocab = cfg.vocab_size or _preset_vocab(cfg)
@@ -55,7 +55,7 @@ def prepare_tokens(cfg: TrainConfig, out: Path, info: dist.DistInfo, tokenizer=N
             train_tokenizer((d.text for d in train_docs), vocab, out_dir=tok_dir)
         dist.barrier(info)
     if tokenizer is None:
-        tokenizer = load_tokenizer(tok_dir)
+        tokenizer = Tokenizer.from_checkpoint(tok_dir)
         if cfg.vocab_size and tokenizer.vocab_size != cfg.vocab_size:
             raise TrainSetupError(f"{tok_dir} holds a {tokenizer.vocab_size}-token tokenizer from an earlier run, but "
                                   f"vocab_size={cfg.vocab_size} was asked for: use another output folder")

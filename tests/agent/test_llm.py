@@ -1,12 +1,9 @@
 """Model access: the OpenAI-compatible client against a real HTTP server, fallback, replay."""
 
 import json
-import threading
-import time
 
 import pytest
-import uvicorn
-from testutil import free_port
+from testutil import serve_in_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -34,15 +31,9 @@ def fake_openai():
         return {"model": body["model"], "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": 42, "completion_tokens": 7, "total_tokens": 49}}
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}/v1", seen
-    server.should_exit = True
-    thread.join(5)
+    url, stop = serve_in_thread(app)
+    yield f"{url}/v1", seen
+    stop()
 
 
 def test_openai_client_tool_calls_usage_and_key(fake_openai):

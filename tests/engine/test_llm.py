@@ -87,8 +87,8 @@ def test_stats_and_abort_all(llm):
 
 
 def test_chat_uses_the_checkpoint_template(llm):
-    text = llm.tokenizer.render_chat([{"role": "user", "content": "hello"}])
-    assert text.startswith("[gMASK]<sop><|user|>\nhello") and text.endswith("<|assistant|>\n")
+    text = llm.tokenizer.apply_chat_template([{"role": "user", "content": "hello"}])
+    assert text == "[gMASK]<sop><|user|>hello<|assistant|><think>"
     out = llm.chat([{"role": "user", "content": "hello"}], greedy(max_tokens=4), use_tqdm=False)[0]
     assert out.prompt_token_ids == llm.tokenizer.encode(text)
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from openglm.engine import EngineConfig, LLMEngine, SamplingParams
-from openglm.engine.tokenizing import EngineTokenizer
+from openglm.tokenizer import Tokenizer
+from testutil import run_requests
 
 NEW_TOKENS = 32
 PROMPT_LENGTHS = (3, 11, 29, 47, 70)
@@ -56,17 +57,11 @@ def reference(hf_model):
 
 def run(engine, prompts):
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    ids = [engine.add_request(p, params) for p in prompts]
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    return [done[i] for i in ids]
+    return run_requests(engine, [(p, params) for p in prompts])
 
 
 def make_engine(model, checkpoint, **kw):
-    return LLMEngine(model, EngineTokenizer(checkpoint), EngineConfig(**kw))
+    return LLMEngine(model, Tokenizer.from_checkpoint(checkpoint), EngineConfig(**kw))
 
 
 def assert_all_blocks_free(engine):

@@ -2,34 +2,17 @@
 servers with unusual settings. Both use a random-weight tiny checkpoint."""
 
 import os
-import subprocess
-import sys
 import threading
-import time
 
 import httpx
 import pytest
 import torch
-from testutil import free_port
+from testutil import free_port, openglm_serve, wait_healthy
 
 torch.set_num_threads(1)  # small matmuls on a shared 2-core machine
 
 API_KEY = "test-key-123"
 MODEL = "tiny-test"
-
-
-def wait_healthy(url: str, proc=None, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited early:\n{proc.stdout.read()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} did not become healthy in {timeout}s")
 
 
 @pytest.fixture(scope="session")
@@ -43,22 +26,10 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def server(checkpoint):
     """`openglm serve` with an API key (from $OPENGLM_API_KEY: never argv), context 256, a 96-block pool."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "openglm", "serve", str(checkpoint), "--port", str(port),
-           "--served-model-name", MODEL, "--max-model-len", "256", "--num-kv-blocks", "96", "--threads", "1",
-           "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "OPENGLM_API_KEY": API_KEY})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc)
+    with openglm_serve(checkpoint, "--served-model-name", MODEL, "--max-model-len", "256", "--num-kv-blocks", "96",
+                       "--threads", "1", "--log-level", "warning",
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "OPENGLM_API_KEY": API_KEY}) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="session")

@@ -40,3 +40,15 @@ def test_solve_then_evaluate(tmp_path, hand_instances):
     report = run_evaluation([calc], load_predictions(str(path), [calc]),
                             HarnessConfig(run_id="solve", out_dir=tmp_path / "eval", repos_dir=repos))
     assert report["resolved_ids"] == [calc["instance_id"]]
+
+
+def test_a_rerun_of_swe_solve_retries_paused_instances(tmp_path):
+    from openglm.swe.solve import finished_ids
+
+    preds = tmp_path / "predictions.jsonl"
+    rows = [{"instance_id": "a", "model_patch": "", "openglm_state": "PAUSED"},
+            {"instance_id": "b", "model_patch": "x", "openglm_state": "SUCCEEDED"},
+            {"instance_id": "c", "model_patch": "", "openglm_state": "PAUSED"},
+            {"instance_id": "c", "model_patch": "y", "openglm_state": "FAILED"}]  # rerun: the last line wins
+    preds.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert finished_ids(preds) == {"b", "c"} and finished_ids(tmp_path / "none.jsonl") == set()

@@ -43,9 +43,9 @@ def test_missing_and_empty_corpus(tmp_path):
 
 
 def test_tokenize_appends_eos_per_document(corpus_dir, tokenizer_dir):
-    from openglm.tokenizer import load_tokenizer
+    from openglm.tokenizer import Tokenizer
 
-    tok = load_tokenizer(tokenizer_dir)
+    tok = Tokenizer.from_checkpoint(tokenizer_dir)
     docs = load_documents(str(corpus_dir))[:3]
     stream = tokenize_documents(docs, tok)
     assert stream.dtype == np.int32 and (stream == tok.eos_id).sum() == 3

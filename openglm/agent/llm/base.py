@@ -11,6 +11,13 @@ class ModelError(RuntimeError):
     """The model could not answer (network, HTTP error, bad reply, script exhausted)."""
 
 
+class ContextOverflowError(ModelError):
+    """The conversation does not fit the model's context window even condensed: recoverable (the loop
+    condenses the history and asks again; the ladder's `context_limit` class), not "unavailable"."""
+
+    error_class = "context_limit"
+
+
 @dataclass
 class ToolCall:
     name: str
@@ -25,9 +32,12 @@ class ModelResponse:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     model: str = ""
+    reasoning: str = ""  # the model's reasoning_content (GLM thinking), sent back per clear_thinking
 
     def to_message(self) -> dict:
         msg = {"role": "assistant", "content": self.content}
+        if self.reasoning:
+            msg["reasoning_content"] = self.reasoning
         if self.tool_calls:
             msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}} for c in self.tool_calls]

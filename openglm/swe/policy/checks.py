@@ -57,12 +57,12 @@ def bisect(req: dict) -> None:
 
 def regress(req: dict) -> None:
     """Write the regression test and run it: it must FAIL before the fix (TDD)."""
-    from openglm.swe.testrun import run_pytest  # only for this check
+    from openglm.swe.testrun import run_tests  # only for this check
 
     path = Path(req["path"])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(req["content"])
-    run = run_pytest(".", [req["test"]], timeout=req.get("timeout", 300))
+    run = run_tests(".", [req["test"]], timeout=req.get("timeout", 300))  # the repository's own runner
     failed = bool(run.failed)
     text = "\n".join(r["longrepr"][-1500:] for r in run.results.values() if r["longrepr"])
     verdict = ("FAILS before the fix, as it must" if failed else
@@ -89,12 +89,13 @@ def score(req: dict) -> None:
 
 
 def suite(req: dict) -> None:
-    from openglm.swe.testrun import run_pytest  # only for this check
+    from openglm.swe.testrun import repo_runner, run_tests  # only for this check
 
-    run = run_pytest(".", req.get("targets", []), timeout=req.get("timeout", 900))
+    runner = repo_runner(".")
+    run = run_tests(".", req.get("targets", []), runner=runner, timeout=req.get("timeout", 900))
     ok = bool(run.results) and not run.failed and not run.timed_out
-    _emit(f"full suite: {len(run.passed)} passed, {len(run.failed)} failed {run.failed[:10]}",
-          {"ok": ok, "passed": len(run.passed), "failed": run.failed[:50]})
+    _emit(f"full suite: {len(run.passed)} passed, {len(run.failed)} failed {run.failed[:10]} (runner: {runner})",
+          {"ok": ok, "runner": runner, "passed": len(run.passed), "failed": run.failed[:50]})
 
 
 COMMANDS = {f.__name__: f for f in (repomap, localize, search, bisect, regress, score, suite)}

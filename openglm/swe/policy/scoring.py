@@ -18,7 +18,7 @@ from pathlib import Path
 
 from openglm.retrieval.spans import FunctionIndex
 from openglm.swe.repomap import impact
-from openglm.swe.testrun import run_pytest
+from openglm.swe.testrun import run_tests
 from openglm.swe.verify import compile_check, pyflakes_check
 
 _SCRATCH_IGNORE = shutil.ignore_patterns(".git", "__pycache__", ".venv", "venv", ".pytest_cache", "*.pyc")
@@ -75,14 +75,14 @@ def score_candidate(workspace: Path, patch: str, tests: list[str], suite: bool, 
         changed = {f: sorted({fn.name for ln in lines if (fn := index.function_at(f, ln))})
                    for f, lines in changed_lines(patch).items() if f.endswith(".py")}
         s["impact"] = impact(scratch, changed)
-        target = run_pytest(scratch, tests, timeout=timeout) if tests else None
+        target = run_tests(scratch, tests, timeout=timeout) if tests else None  # the repository's runner
         s["tests"] = {"ran": tests, "failed": target.failed if target else [],
                       "passed": len(target.passed) if target else 0}
         # every requested test must have run (a test id that matches nothing is not a pass)
         s["tests_pass"] = bool(target and not target.failed and not target.timed_out
                                and all(any(r.startswith(t) for r in target.results) for t in tests))
         if suite and s["tests_pass"]:  # no need to run the suite for a candidate already rejected
-            full = run_pytest(scratch, [], timeout=timeout)
+            full = run_tests(scratch, [], timeout=timeout)
             s["suite"] = {"passed": len(full.passed), "failed": full.failed[:20]}
             s["suite_pass"] = bool(full.results) and not full.failed and not full.timed_out
         else:

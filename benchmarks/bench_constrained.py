@@ -1,0 +1,147 @@
+"""Constrained decoding overhead: the grammar masks' share of decode time in continuous batching.
+
+    flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_constrained.py [--batch 8] [--json]
+
+Builds a random-weight checkpoint (preset `--preset`, a BPE tokenizer of `--vocab` tokens trained on
+stdlib sources), then decodes `--batch` sequences at once through the engine twice: unconstrained
+(the same-run anchor) and with every sequence under a GLM tool-call grammar (tool_choice "required",
+the server's grammar for a two-tool schema). The table reports decode time per step and the time
+spent in llguidance (mask computation + application + advancing the matchers) as a share of it.
+Target: < 15% at batch 8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def stdlib_corpus(mb: float) -> list[str]:
+    """Up to `mb` megabytes of the interpreter's standard library sources (always present, no download)."""
+    root, texts, total = Path(os.__file__).parent, [], 0
+    for f in sorted(root.rglob("*.py")):
+        if total > mb * 1e6:
+            break
+        text = f.read_text(encoding="utf-8", errors="replace")
+        texts.append(text)
+        total += len(text)
+    return texts
+
+
+def tool_grammar(tokenizer) -> str:
+    from openglm.server.protocol import ChatCompletionRequest
+    from openglm.server.structured import request_grammar
+
+    tools = [{"type": "function", "function": {"name": "run_shell", "parameters": {
+                 "type": "object", "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
+                 "required": ["command"]}}},
+             {"type": "function", "function": {"name": "read_file", "parameters": {
+                 "type": "object", "properties": {"path": {"type": "string"}, "start": {"type": "integer"}},
+                 "required": ["path"]}}}]
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], tools=tools, tool_choice="required")
+    return request_grammar(req, tokenizer, thinking=False)
+
+
+def run(engine, prompts, params) -> dict:
+    """Decode all prompts together; time the steps and the grammar work inside them."""
+    grammar_s = [0.0]
+    g = engine.grammar
+    mask, advance = g.apply_masks, g.advance
+
+    def timed(fn):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                grammar_s[0] += time.perf_counter() - t
+        return wrapper
+
+    g.apply_masks, g.advance = timed(mask), timed(advance)
+    try:
+        for p in prompts:
+            engine.add_request(p, params)
+        while engine.has_unfinished() and engine.scheduler.num_unfinished and not _all_decoding(engine):
+            engine.step()  # prefill first: only decode steps are measured
+        grammar_s[0], steps, tokens = 0.0, 0, 0
+        t0 = time.perf_counter()
+        while engine.has_unfinished():
+            outs = engine.step()
+            steps += 1
+            tokens += sum(1 for _ in outs)
+        wall = time.perf_counter() - t0
+    finally:
+        g.apply_masks, g.advance = mask, advance
+    return {"steps": steps, "ms_per_step": 1000 * wall / max(steps, 1), "grammar_ms_per_step":
+            1000 * grammar_s[0] / max(steps, 1), "grammar_share": grammar_s[0] / wall if wall else 0.0}
+
+
+def _all_decoding(engine) -> bool:
+    return all(s.num_computed_tokens >= s.num_prompt_tokens for seqs in engine.requests.values() for s in seqs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=8, help="sequences decoded together (default 8)")
+    ap.add_argument("--tokens", type=int, default=64, help="max new tokens per sequence (default 64)")
+    ap.add_argument("--preset", default="tiny", help="model preset of the random checkpoint (default tiny)")
+    ap.add_argument("--vocab", type=int, default=4096, help="tokenizer vocabulary size asked of BPE training "
+                    "(default 4096; training text limits what it reaches)")
+    ap.add_argument("--corpus-mb", type=float, default=0.0, help="train the tokenizer on this many MB of the "
+                    "Python stdlib instead of a few files (default 0: the few files), for large vocabularies")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from openglm.engine import EngineConfig, LLMEngine
+    from openglm.engine.random_checkpoint import build_random_checkpoint
+    from openglm.engine.sampling_params import SamplingParams
+
+    with tempfile.TemporaryDirectory() as tmp:
+        texts = stdlib_corpus(args.corpus_mb) if args.corpus_mb else None
+        ckpt = build_random_checkpoint(Path(tmp) / "ckpt", preset=args.preset, vocab_size=args.vocab, texts=texts)
+        engine = LLMEngine.from_pretrained(ckpt, EngineConfig(max_num_seqs=max(args.batch, 8)))
+        tok = engine.tokenizer
+        vocab = tok.vocab_size  # what BPE training reached (at most --vocab)
+        prompts = [tok.apply_chat_template([{"role": "user", "content": f"task {i}: list the files"}], tokenize=True,
+                                           enable_thinking=False) for i in range(args.batch)]
+        stops = tok.stop_ids
+        base = dict(max_tokens=args.tokens, temperature=1.0, seed=0, stop_token_ids=stops)
+        free = run(engine, prompts, SamplingParams(**base, ignore_eos=True))
+        grammar = tool_grammar(tok)
+        constrained = run(engine, prompts, SamplingParams(**base, grammar=grammar))
+    rows = [("unconstrained (anchor)", free), ("tool_choice=required grammar", constrained)]
+    if args.json:
+        print(json.dumps({"cpu": cpu_model(), "batch": args.batch, "preset": args.preset, "vocab": vocab,
+                          "runs": {name: r for name, r in rows}}, indent=2))
+        return
+    print(f"CPU: {cpu_model()}  threads={args.threads}  preset={args.preset}  vocab={vocab}  batch={args.batch}")
+    print(f"| run | decode steps | ms/step | llguidance ms/step | llguidance share of decode |")
+    print("|---|---:|---:|---:|---:|")
+    for name, r in rows:
+        print(f"| {name} | {r['steps']} | {r['ms_per_step']:.2f} | {r['grammar_ms_per_step']:.3f} | "
+              f"{100 * r['grammar_share']:.1f}% |")
+    extra = constrained["ms_per_step"] / free["ms_per_step"] - 1 if free["ms_per_step"] else float("nan")
+    print(f"constrained vs anchor step time: {100 * extra:+.1f}%  (target: grammar share < 15%)")
+
+
+if __name__ == "__main__":
+    main()

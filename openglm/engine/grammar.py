@@ -1,0 +1,71 @@
+"""Constrained decoding: a per-sequence grammar masks the logits of that sequence's next token.
+
+The grammar engine is llguidance (vLLM's "guidance" structured-output backend; Rust, CPU, no torch
+dependency). A request's `SamplingParams.grammar` is an llguidance grammar (Lark with `%json`
+schemas, built by the server from `tools`/`response_format`); the sequence gets its own matcher,
+every step its allowed-token bitmask is applied to its own logits row only (the other rows of the
+continuous batch are untouched), and each sampled token advances the matcher. When the grammar is
+complete the mask allows only the stop tokens, so the sequence ends at a stop token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from openglm.engine.sequence import Sequence
+
+
+# _BYTE_BIAS[b, k] = 0 where bit k of byte b is set (token allowed), else -inf
+_BYTE_BIAS = torch.tensor([[0.0 if (b >> k) & 1 else float("-inf") for k in range(8)] for b in range(256)])
+
+
+class GrammarError(ValueError):
+    """A grammar that llguidance cannot compile (the request's fault: a 400 in the server)."""
+
+
+class GrammarEngine:
+    """The llguidance view of one tokenizer + vocabulary; builds a matcher per sequence."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        import llguidance  # the grammar engine: loaded only when a request is constrained
+
+        self._llg = llguidance
+        # the stop tokens are the grammar's "eos": a finished grammar may only stop the turn
+        self.lltok = llguidance.LLTokenizer(tokenizer.hf.to_str(), n_vocab=vocab_size,
+                                            eos_token=tokenizer.stop_ids or None)
+        self.vocab_size = vocab_size
+
+    def check(self, grammar: str) -> None:
+        """Raise GrammarError naming the problem when `grammar` does not compile."""
+        is_error, messages = self._llg.LLMatcher.validate_grammar_with_warnings(grammar, self.lltok)
+        if is_error:
+            raise GrammarError(f"the output constraint does not compile: {messages[0] if messages else '?'}")
+
+    def matcher(self, grammar: str):
+        m = self._llg.LLMatcher(self.lltok, grammar, log_level=0)
+        if m.is_error():
+            raise GrammarError(f"the output constraint does not compile: {m.get_error()}")
+        return m
+
+    def apply_masks(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        """Mask, in place, the rows of `logits` whose sequence has a grammar (others are untouched)."""
+        rows = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        if not rows:
+            return
+        words = (self.vocab_size + 31) // 32
+        packed = np.empty((len(rows), words), dtype=np.int32)
+        for j, i in enumerate(rows):
+            packed[j] = np.frombuffer(seqs[i].matcher.compute_bitmask(), dtype=np.int32, count=words)
+        # each mask byte looks up its 8 additive biases (0 or -inf): one gather, no per-bit unpacking
+        byte = torch.from_numpy(packed.view(np.uint8)).long()  # [rows, words * 4], little-endian bit order
+        bias = _BYTE_BIAS[byte].reshape(len(rows), -1)[:, : logits.shape[-1]]
+        index = torch.tensor(rows)
+        logits[index] = logits[index] + bias.to(logits.dtype)
+
+    @staticmethod
+    def advance(seq: Sequence, token: int) -> bool:
+        """Feed the sampled token to the sequence's matcher; True when the grammar says stop."""
+        m = seq.matcher
+        ok = m.consume_token(token)
+        return (not ok) or m.is_stopped() or m.is_error()
