@@ -7,7 +7,12 @@ def register(subparsers):
     p = subparsers.add_parser("serve", help="serve a checkpoint behind an OpenAI-compatible HTTP API",
                               description="Serve a checkpoint with the paged-KV engine behind the OpenAI API "
                                           "(/v1/models, /v1/completions, /v1/chat/completions, /health, /metrics).")
-    p.add_argument("checkpoint", help="checkpoint folder (config.json, safetensors, tokenizer.json)")
+    p.add_argument("checkpoint", nargs="?", help="checkpoint folder (config.json, safetensors, tokenizer.json)")
+    p.add_argument("--config", default=None, metavar="DEPLOY_YAML",
+                   help="serve the deployment a deploy.yaml describes (model, parallel_config, batching, block size, "
+                        "quantization, session cache); under torchrun --nproc_per_node=TP it runs tensor/expert "
+                        "parallel with rank 0 serving HTTP; of the flags below only --api-key, --threads and --log-level then "
+                        "apply. Default: none (serve CHECKPOINT with the flags below)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* "
@@ -34,6 +39,9 @@ def serve(args) -> int:
     import sys
     from pathlib import Path
 
+    if args.config is not None or args.checkpoint is None:
+        return _serve_config(args)
+
     import torch
     import uvicorn
 
@@ -59,3 +67,28 @@ def serve(args) -> int:
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
+
+
+def _serve_config(args) -> int:
+    import sys
+
+    from openglm.server.deploy_config import load_deploy_config
+
+    if args.config is None:
+        print("openglm serve: give a CHECKPOINT folder or --config deploy.yaml", file=sys.stderr)
+        return 2
+    if args.checkpoint is not None:
+        print("openglm serve: give either a CHECKPOINT or --config (the config names the model), not both",
+              file=sys.stderr)
+        return 2
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        from openglm.server.launch import serve_deploy
+
+        return serve_deploy(load_deploy_config(args.config), api_key=args.api_key, log_level=args.log_level)
+    except (OSError, ValueError) as exc:
+        print(f"openglm serve: {exc}", file=sys.stderr)
+        return 2
