@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 FIND_LINKS := $(if $(wildcard /opt/wheels),-f /opt/wheels,)
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install system-deps bench clean
+.PHONY: demo test install system-deps bench clean lint-docker
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ demo: $(STAMP)
 
 test: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q
+
+# No container engine runs on the test machines: the Dockerfile is linted instead of built (docs/scaling.md).
+lint-docker: $(STAMP)
+	$(BIN)/hadolint Dockerfile
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
