@@ -62,7 +62,7 @@ class AllToAllExperts(Experts):
         back = torch.zeros_like(recv).index_copy(0, by_expert, ys)
         out_rows = _all_to_all(back, send_split, recv_split, self.group)
         unsort = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
-        y = out_rows.index_select(0, unsort).view(N, k, -1)
+        y = out_rows.index_select(0, unsort).view(N, k, x.shape[-1])
         return torch.bmm(weights.to(y.dtype).unsqueeze(1), y).squeeze(1), dropped
 
     def _expert_major(self, recv_counts: torch.Tensor, n_tokens: int, capped: bool):

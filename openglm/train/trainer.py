@@ -266,7 +266,11 @@ class Trainer:
         self.model.eval()
         mine = torch.from_numpy(self.val_windows[self.info.rank::self.info.world])
         total = torch.zeros(2, dtype=torch.float64)
-        for chunk in mine.split(self.cfg.batch_size):
+        chunks = list(mine.split(self.cfg.batch_size))
+        if self.par is not None:  # sharded forwards are collectives: every rank runs as many (some empty)
+            most = math.ceil(math.ceil(len(self.val_windows) / self.info.world) / self.cfg.batch_size)
+            chunks += [mine[:0]] * (most - len(chunks))
+        for chunk in chunks:
             chunk = chunk.to(self.device)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.dtype == "bf16"):
                 logits = self.model(chunk[:, :-1]).logits.float()
