@@ -73,12 +73,7 @@ def check_training_layout(layout: ParallelLayout, cfg: ModelConfig, world: int |
         raise LayoutError(f"training layout {layout}: openglm trains with dp (FSDP2) and ep only; tensor and pipeline "
                           "parallel training are not implemented (use dp and ep, or Megatron-style frameworks)")
     _check_experts(layout, cfg)
-    if layout.dp % layout.ep:
-        raise LayoutError(f"training layout {layout}: ep={layout.ep} must divide dp={layout.dp} "
-                          "(expert-parallel groups are made of data-parallel ranks)")
-    if world is not None and world != layout.dp:
-        raise LayoutError(f"training layout {layout} needs dp={layout.dp} processes, this job has {world} "
-                          f"(launch with torchrun --nproc_per_node={layout.dp})")
+    _check_ranks(layout, "training", "dp", world, "expert-parallel groups are made of data-parallel ranks")
 
 
 def check_serving_layout(layout: ParallelLayout, cfg: ModelConfig, world: int | None = None) -> None:
@@ -99,12 +94,17 @@ def check_serving_layout(layout: ParallelLayout, cfg: ModelConfig, world: int | 
     for name, size in shards.items():
         if size % layout.tp:
             raise LayoutError(f"serving layout {layout}: tp={layout.tp} does not divide {name}={size}")
-    if layout.tp % layout.ep:
-        raise LayoutError(f"serving layout {layout}: ep={layout.ep} must divide tp={layout.tp} "
-                          "(expert shards are spread over the tensor-parallel ranks)")
-    if world is not None and world != layout.tp:
-        raise LayoutError(f"serving layout {layout} needs tp={layout.tp} processes, this job has {world} "
-                          f"(launch with torchrun --nproc_per_node={layout.tp})")
+    _check_ranks(layout, "serving", "tp", world, "expert shards are spread over the tensor-parallel ranks")
+
+
+def _check_ranks(layout: ParallelLayout, kind: str, degree: str, world: int | None, why: str) -> None:
+    """ep divides the degree that sets the process count (dp or tp), which must equal the job's `world`."""
+    ranks = getattr(layout, degree)
+    if ranks % layout.ep:
+        raise LayoutError(f"{kind} layout {layout}: ep={layout.ep} must divide {degree}={ranks} ({why})")
+    if world is not None and world != ranks:
+        raise LayoutError(f"{kind} layout {layout} needs {degree}={ranks} processes, this job has {world} "
+                          f"(launch with torchrun --nproc_per_node={ranks})")
 
 
 def _check_experts(layout: ParallelLayout, cfg: ModelConfig) -> None:

@@ -67,13 +67,19 @@ def options(argv: list[str]) -> dict[str, str | None]:
     return out
 
 
-def test_vllm_launch_maps_every_field_to_vllm_flags():
-    proc = deploy(str(EXAMPLE), "--engine", "vllm")
+def example_launch(engine: str, head: list[str], flags: set[str]):
+    """`openglm deploy examples/deploy.yaml --engine ENGINE`: its options (all the engine's flags), stderr."""
+    proc = deploy(str(EXAMPLE), "--engine", engine)
     assert proc.returncode == 0, proc.stderr
     argv = shlex.split(proc.stdout)
-    assert argv[:3] == ["vllm", "serve", "zai-org/GLM-5.1"]
+    assert argv[:len(head)] == head
     opts = options(argv)
-    assert set(opts) <= VLLM_FLAGS, set(opts) - VLLM_FLAGS
+    assert set(opts) <= flags, set(opts) - flags
+    return opts, proc.stderr
+
+
+def test_vllm_launch_maps_every_field_to_vllm_flags():
+    opts, stderr = example_launch("vllm", ["vllm", "serve", "zai-org/GLM-5.1"], VLLM_FLAGS)
     assert opts["--tensor-parallel-size"] == "4" and opts["--pipeline-parallel-size"] == "1"
     assert "--enable-expert-parallel" in opts
     assert opts["--max-num-batched-tokens"] == "202000" and opts["--max-num-seqs"] == "64"
@@ -84,16 +90,11 @@ def test_vllm_launch_maps_every_field_to_vllm_flags():
     assert "--enable-auto-tool-choice" in opts
     assert (opts["--host"], opts["--port"], opts["--served-model-name"]) == ("0.0.0.0", "8000", "glm-5.1")
     # vLLM's EP spans all tp x dp ranks: the example's ep=2 under tp=4 is said, not silently changed
-    assert "EP = 4 here" in proc.stderr and "ttl_s=600" in proc.stderr
+    assert "EP = 4 here" in stderr and "ttl_s=600" in stderr
 
 
 def test_sglang_launch_maps_every_field_to_sglang_flags():
-    proc = deploy(str(EXAMPLE), "--engine", "sglang")
-    assert proc.returncode == 0, proc.stderr
-    argv = shlex.split(proc.stdout)
-    assert argv[:3] == ["python", "-m", "sglang.launch_server"]
-    opts = options(argv)
-    assert set(opts) <= SGLANG_FLAGS, set(opts) - SGLANG_FLAGS
+    opts, _ = example_launch("sglang", ["python", "-m", "sglang.launch_server"], SGLANG_FLAGS)
     assert opts["--model-path"] == "zai-org/GLM-5.1"
     assert (opts["--tp-size"], opts["--ep-size"], opts["--pp-size"]) == ("4", "2", "1")
     assert opts["--chunked-prefill-size"] == "202000" and opts["--max-running-requests"] == "64"
