@@ -29,6 +29,11 @@ system-deps:
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc >/dev/null) \
 	      || echo "note: could not install gcc: DSA will run its slower torch-op path"; \
 	  else echo "note: no C compiler (cc): DSA runs its slower torch-op path, and its native-kernel tests skip"; fi; }
+	@# Headless Chromium for the agent dashboard's browser tests (Playwright drives /usr/bin/chromium; nothing downloaded).
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null); \
+	  else echo "chromium is missing: install it (e.g. apt-get install chromium chromium-driver)"; exit 1; fi; }
 
 demo: $(STAMP)
 	$(BIN)/openglm demo

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from openglm.agent import faults, service
 from openglm.agent.config import AgentConfig
 from openglm.agent.hooks import Hooks
-from openglm.agent.models import ReplayModel
+from openglm.agent.llm import ReplayModel
 from openglm.agent.snapshot import Snapshots
 from openglm.agent.store.sqlite_store import SQLiteStore
 from openglm.agent.worker import Worker

@@ -1,19 +1,32 @@
-"""Quality of the sparse kinds: train the `small` preset with dense, local+global+random and DSA attention.
+"""Long context in the model: speed and memory of DSA against dense attention, and the quality of the kinds.
 
-Same data, same steps, same seed; sequence length 2048. Reports the validation loss of each run (and its
-ratio to dense: the write-up's ">= 92% of full-attention quality" made measurable as dense_loss / loss), plus
-passkey retrieval accuracy: a 5-digit key placed more than 512 tokens (the local window) before the question.
+`speed` (the default): the `small` preset (max positions raised to fit), fp32, batch 1, random token ids, the
+same weights in DSA mode (its `index_topk` 128) and with dense causal attention in every layer. Per length
+(16K, 32K, 64K): the prefill's time (one forward that fills a DynamicCache, logits of the last position only)
+and the process's peak RSS, then the median decode step with that cache. Each case runs in its own
+subprocess (peak RSS from ru_maxrss); DSA's cases first, then dense's, longest last.
 
+    flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_long_context.py [--lengths 16384,32768,65536]
+        [--modes dsa,dense] [--decode-steps 8] [--threads 1] [--json]
+
+`quality`: train the `small` preset with dense, local+global+random and DSA attention. Same data, same steps,
+same seed; sequence length 2048. Reports the validation loss of each run (and its ratio to dense: the
+write-up's ">= 92% of full-attention quality" made measurable as dense_loss / loss), plus passkey retrieval
+accuracy: a 5-digit key placed more than 512 tokens (the local window) before the question.
 Data: byte-level tokens of Python's own standard library source (no download), a quarter of the training
 sequences carrying a passkey so the task can be learned. Tokens: 0-255 bytes, then KEY, ASK and ten digits.
 
-    flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_long_context.py [--steps 16] [--json]
+    flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_long_context.py quality [--steps 16] [--json]
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import platform
+import resource
+import statistics
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -109,8 +122,8 @@ def run(name: str, args, train_stream, val_stream, text_eval) -> dict:
                 train_s=round(train_s, 1))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def quality_main(argv) -> None:
+    ap = argparse.ArgumentParser(prog="bench_long_context.py quality", description="quality of the kinds vs dense")
     ap.add_argument("--steps", type=int, default=16, help="optimizer steps per run (batch 1 x 2048 tokens)")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--val-windows", type=int, default=8)
@@ -118,7 +131,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--runs", default=",".join(RUNS))
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     text = stdlib_bytes(8 << 20)
     cut = int(len(text) * 0.9)  # validation text and passkey fillers come from files training never saw
     train_stream = make_stream(text[:cut], args.steps, passkey_share=0.25, seed=0)
@@ -139,6 +152,129 @@ def main() -> None:
         print(f"{r['kind']:<20} {r['steps']:>5} {r['val_loss']:>9.4f} {r.get('quality_vs_dense', 0):>10.4f} "
               f"{r['passkey_acc']:>11.3f} {r['train_s']:>8.1f}")
     print(f"(passkey: {KEY_LEN} digits >= {MIN_DISTANCE} tokens before the question, teacher-forced; chance 0.100)")
+
+
+MiB = 1 << 20
+LENGTHS = (16384, 32768, 65536)
+
+
+def peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_description() -> tuple[str, str]:
+    """The CPU model and the ISA extensions that matter for these kernels, from /proc/cpuinfo."""
+    model, flags = "", set()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    isa = [name for name in ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx512_vnni", "avx2", "fma")
+           if name in flags]
+    return model or platform.processor() or platform.machine(), " ".join(isa) or "none of AMX / AVX-512 / AVX2"
+
+
+def speed_case(mode: str, n: int, decode_steps: int, threads: int) -> dict:
+    """Runs inside the subprocess: build the model, prefill n tokens into a cache, time decode steps."""
+    import torch
+    torch.set_num_threads(threads)
+    from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig
+    from openglm.model.native import dsa_kernels
+    cfg = ModelConfig.from_preset("small", max_position_embeddings=n + decode_steps + 2)
+    if mode == "dense":
+        cfg = cfg.replace(attention_kinds=["dense"] * cfg.num_hidden_layers)
+    torch.manual_seed(0)
+    model = GlmMoeDsaForCausalLM(cfg).eval()
+    ids = torch.randint(3, cfg.vocab_size, (1, n + decode_steps + 1), generator=torch.Generator().manual_seed(1))
+    base = peak_mib()
+    cache = DynamicCache()
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        model(ids[:, :n], cache=cache, logits_to_keep=1)
+        prefill_s = time.perf_counter() - t0
+        peak = peak_mib()
+        steps = []
+        for i in range(decode_steps + 1):  # the first step is a warm-up
+            t0 = time.perf_counter()
+            model(ids[:, n + i:n + i + 1], cache=cache)
+            steps.append(time.perf_counter() - t0)
+    native = dsa_kernels() is not None
+    return dict(mode=mode, n=n, prefill_s=round(prefill_s, 2), peak_mib=round(peak, 1), base_mib=round(base, 1),
+                decode_ms=round(1000 * statistics.median(steps[1:]), 2), native=native)
+
+
+def run_speed_case(mode: str, n: int, args) -> dict:
+    cmd = [sys.executable, __file__, "--case", f"{mode}:{n}", "--decode-steps", str(args.decode_steps),
+           "--threads", str(args.threads)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=True)
+    except subprocess.TimeoutExpired:
+        return dict(mode=mode, n=n, note=f"timed out after {args.timeout} s")
+    except subprocess.CalledProcessError as e:
+        return dict(mode=mode, n=n, note="failed: " + (e.stderr.strip().splitlines() or ["?"])[-1][:200])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def print_speed_table(rows: list[dict], threads: int) -> None:
+    model, isa = cpu_description()
+    print(f"CPU: {model}; ISA: {isa}; {threads} torch thread(s)")
+    print("small preset (6 layers, 4 of them with their own indexer), fp32, batch 1; DSA top-128 vs dense causal")
+    print(f"{'mode':<6} {'N':>6} {'prefill s':>10} {'peak MiB':>9} {'decode ms':>10} "
+          f"{'dense/dsa time':>14} {'dsa/dense peak':>14} {'decode vs 16K':>13}")
+    by = {(r["mode"], r["n"]): r for r in rows}
+    first = min(r["n"] for r in rows)
+    for r in rows:
+        if "note" in r:
+            print(f"{r['mode']:<6} {r['n']:>6}  {r['note']}")
+            continue
+        other = by.get(("dense" if r["mode"] == "dsa" else "dsa", r["n"]))
+        speed = peak = "-"
+        if r["mode"] == "dsa" and other and "note" not in other:
+            speed = f"{other['prefill_s'] / r['prefill_s']:.2f}x"
+            peak = f"{r['peak_mib'] / other['peak_mib']:.2f}x"
+        ref = by.get((r["mode"], first))
+        growth = f"{r['decode_ms'] / ref['decode_ms']:.2f}x" if ref and "note" not in ref else "-"
+        print(f"{r['mode']:<6} {r['n']:>6} {r['prefill_s']:>10.2f} {r['peak_mib']:>9.1f} {r['decode_ms']:>10.2f} "
+              f"{speed:>14} {peak:>14} {growth:>13}")
+    native = {r.get("native") for r in rows if "note" not in r}
+    print("DSA kernels: " + ("native (dsa_kernels.c)" if native == {True} else "torch ops" if native == {False}
+                             else "mixed"))
+
+
+def speed_main(argv) -> None:
+    ap = argparse.ArgumentParser(prog="bench_long_context.py", description="the model's long-context speed and memory")
+    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="prompt lengths in tokens (default %(default)s)")
+    ap.add_argument("--modes", default="dsa,dense", help="attention modes to run, of dsa,dense (default %(default)s)")
+    ap.add_argument("--decode-steps", type=int, default=8, help="timed decode steps after each prefill (default 8)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per case before it is abandoned (default 1800)")
+    ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: one case, in a subprocess
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
+    args = ap.parse_args(argv)
+    if args.case:
+        mode, n = args.case.split(":")
+        print(json.dumps(speed_case(mode, int(n), args.decode_steps, args.threads)))
+        return
+    rows = []
+    for mode in args.modes.split(","):
+        for n in sorted(int(x) for x in args.lengths.split(",")):
+            print(f"{mode} {n} ...", file=sys.stderr, flush=True)
+            rows.append(run_speed_case(mode, n, args))
+            print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print_speed_table(rows, args.threads)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv[:1] == ["quality"]:
+        quality_main(argv[1:])
+    else:
+        speed_main(argv)
 
 
 if __name__ == "__main__":

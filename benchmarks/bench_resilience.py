@@ -138,11 +138,11 @@ def bench_overhead(children: int, seconds: float) -> list[dict]:
 SOAK_WORKER = r"""
 import sys
 from openglm.agent.config import AgentConfig
-from openglm.agent.models import FallbackModel
-from openglm.agent.models.openai_chat import OpenAIChatModel
+from openglm.agent.llm import FallbackModel
+from openglm.agent.llm.openai_chat import OpenAIChatModel
 from openglm.agent.resilience import LadderConfig, LadderPolicy, ResilienceConfig, MonitorConfig
 from openglm.agent.resilience.config import _default_policies
-from openglm.agent.resilience.hooks import resilience_hooks
+from openglm.agent.resilience.hooks import ResilienceHooks
 from openglm.agent.store.sqlite_store import SQLiteStore
 from openglm.agent.worker import Worker
 data_dir, db, url = sys.argv[1:4]
@@ -151,7 +151,7 @@ rcfg = ResilienceConfig(monitor=MonitorConfig(interval_s=0.5), ladder=LadderConf
 model = FallbackModel(OpenAIChatModel(url + "/primary", "primary", timeout=0.5),
                       OpenAIChatModel(url + "/fallback", "fallback", timeout=2.0))
 worker = Worker(AgentConfig(data_dir=data_dir, lease_ttl=1.5, poll_interval=0.05), store=SQLiteStore(db),
-                model=model, hooks=resilience_hooks(rcfg))
+                model=model, hooks=ResilienceHooks(rcfg))
 worker.run_one() or worker.serve(max_tasks=1)
 """
 

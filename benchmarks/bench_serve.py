@@ -60,7 +60,7 @@ def bench_offline(ckpt: Path, args) -> dict:
     engine_out = llm.generate(prompts, params, use_tqdm=True)
     engine_s = time.perf_counter() - t0
     rows = [{"system": f"openglm engine (max_num_seqs={args.num_prompts})", "seconds": engine_s,
-             "output_tok_s": useful / engine_s, "steps": llm.engine.stats["steps"]}]
+             "output_tok_s": useful / engine_s, "steps": llm.engine.stats().steps}]
     kv_bytes_per_token = llm.engine.runner.pool.bytes_per_token()
     del llm
 
@@ -282,7 +282,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.num_prompts, args.output_len, args.hf_batch_sizes = 16, (8, 48), [16]
         args.concurrency, args.online_output, args.ppl_tokens = [1, 8], 16, 256
-    from openglm.engine.llm_engine import resolve_checkpoint
+    from openglm.model.checkpoint import resolve_checkpoint
 
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)

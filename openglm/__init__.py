@@ -4,7 +4,7 @@ Heavy submodules (torch, FastAPI, faiss) are imported lazily so that `openglm --
 and the agent runtime start fast.
 """
 
-from openglm._lazy import lazy_exports
+from openglm.util.lazy import lazy_exports
 
 __version__ = "0.1.0"
 

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from openglm import __version__
+
 # One module per area; each defines register(subparsers) and sets `func` on its parsers.
 COMMAND_MODULES = [
     "openglm.model.cli",  # info
@@ -27,8 +29,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog="openglm",
         description="openglm: the GLM-5.1 stack (model, training, serving, agent, retrieval) in Python.",
     )
-    from openglm import __version__
-
     parser.add_argument("--version", action="version", version=f"openglm {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:

@@ -81,6 +81,10 @@ class GLMClient:
     def rollback(self, task_id: str, step: int) -> dict:
         return self._call("POST", f"/v1/tasks/{task_id}/rollback", json={"step": step})
 
+    def trajectory(self, task_id: str) -> dict:
+        """Each model turn's prompt, reply, tool calls and results, verdicts (the dashboard's viewer data)."""
+        return self._call("GET", f"/v1/dash/tasks/{task_id}/trajectory")
+
     def wait(self, task_id: str, poll: float = 1.0, timeout: float | None = None,
              until=("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT", "PAUSED", "NEEDS_INPUT")) -> dict:
         deadline = None if timeout is None else time.monotonic() + timeout

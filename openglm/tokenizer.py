@@ -16,10 +16,11 @@ from __future__ import annotations
 import functools
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
+
+from openglm.util.files import write_atomic
 
 EOS, PAD, GMASK, SOP = "<|endoftext|>", "<|pad|>", "[gMASK]", "<sop>"
 ROLES = ("system", "user", "assistant", "observation")
@@ -55,7 +56,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.Pat
 
     Saves the three Hugging Face files into `out_dir` when given; returns the loaded wrapper.
     """
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers, processors, trainers  # heavy (Rust tokenizers): loaded when training one
 
     if vocab_size < min_vocab_size():
         raise TokenizerError(
@@ -162,15 +163,15 @@ class Tokenizer:
             "chat_template": CHAT_TEMPLATE,
         }
         special_map = {**specials, "additional_special_tokens": config["additional_special_tokens"]}
-        _atomic_write(out / "tokenizer.json", self.hf.to_str())
-        _atomic_write(out / "tokenizer_config.json", json.dumps(config, indent=2))
-        _atomic_write(out / "special_tokens_map.json", json.dumps(special_map, indent=2))
+        write_atomic(out / "tokenizer.json", self.hf.to_str())
+        write_atomic(out / "tokenizer_config.json", json.dumps(config, indent=2))
+        write_atomic(out / "special_tokens_map.json", json.dumps(special_map, indent=2))
         return out
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     """Load a tokenizer from a folder holding `tokenizer.json` (or the file itself)."""
-    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import Tokenizer as HFTokenizer  # heavy (Rust tokenizers): loaded with a tokenizer
 
     p = Path(path)
     file = p / "tokenizer.json" if p.is_dir() else p
@@ -194,7 +195,7 @@ def _render_chat(messages: list[dict], add_generation_prompt: bool) -> str:
 @functools.cache
 def _chat_template():
     """The chat template, compiled once per process rather than on every render."""
-    import jinja2
+    import jinja2  # only to render a chat template
 
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise_template_error
@@ -203,15 +204,3 @@ def _chat_template():
 
 def _raise_template_error(msg: str):
     raise TokenizerError(msg)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -2,6 +2,6 @@
 
 Modules: `task` (task model, constraints), `store` (SQLite / Redis), `snapshot` (git-based
 differential snapshots), `loop` (the write-ahead step protocol), `state` (state rebuilt from the
-log), `tools`, `models`, `hooks` + `default_policy` (extension points), `worker`, `service`,
+log), `tools`, `llm` (LLM clients), `hooks` + `policy` (extension points), `worker`, `service`,
 `api` (FastAPI), `cli`. See docs/agent.md.
 """

@@ -12,12 +12,13 @@ import json
 import secrets
 import time
 
-from fastapi import Body, FastAPI, Request
+from fastapi import Body, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
-from openglm.agent import service
+from openglm.agent import dashboard, service
 from openglm.agent.config import AgentConfig
+from openglm.agent.hooks import Hooks, load_hooks
 from openglm.agent.store import StateConflict, TaskNotFound, open_store
 from openglm.agent.task import ConstraintError, TaskState
 
@@ -45,16 +46,27 @@ def check_bind(host: str, token: str | None) -> None:
                          "(set --token or OPENGLM_AGENT_TOKEN)")
 
 
-def create_app(config: AgentConfig, store=None, token: str | None = None) -> FastAPI:
+def create_app(config: AgentConfig, store=None, token: str | None = None, hooks: Hooks | None = None,
+               view_token: str | None = None) -> FastAPI:
+    """The task API over `store`; the hook layers of `config.hooks` (or `hooks`) add their routes and metrics.
+    `view_token` (optional) is a read-only key: GET routes only (the dashboard without its controls)."""
     store = store or open_store(config.store_url)
+    hooks = hooks if hooks is not None else load_hooks(config.hooks, config)
     app = FastAPI(title="openglm agent", version="1")
     app.state.store = store
 
     @app.middleware("http")
     async def bearer(request: Request, call_next):
-        if token and request.url.path.startswith("/v1"):
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        request.state.control = True
+        if (token or view_token) and request.url.path.startswith("/v1"):
+            given = request.headers.get("authorization", "").encode()
+            if token and secrets.compare_digest(given, f"Bearer {token}".encode()):
+                pass
+            elif view_token and secrets.compare_digest(given, f"Bearer {view_token}".encode()):
+                request.state.control = False
+                if request.method not in ("GET", "HEAD"):
+                    return JSONResponse({"detail": "this key is read-only"}, status_code=403)
+            else:
                 return JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401,
                                     headers={"WWW-Authenticate": "Bearer"})
         return await call_next(request)
@@ -123,22 +135,14 @@ def create_app(config: AgentConfig, store=None, token: str | None = None) -> Fas
     def rollback(task_id: str, step: int = Body(..., embed=True)):
         return service.rollback(store, config, task_id, step).to_dict()
 
-    @app.post("/v1/tasks/{task_id}/budget")
-    def budget(task_id: str, caps: dict = Body(...)):
-        """Raise timeout / max_tokens / max_cost of a running or paused task (openglm.agent.resilience)."""
-        from openglm.agent.resilience.service import raise_budget
-
-        return {"constraints": raise_budget(store, task_id, **caps)}
-
     @app.get("/metrics")
     def metrics():
-        """Prometheus metrics of the resilience layer (resource readings, actions, escalations)."""
-        from fastapi import Response
+        """Prometheus metrics of the hook layers (e.g. resilience: resource readings, actions, escalations)."""
+        return Response(b"".join(render() for render in hooks.metrics), media_type="text/plain; version=0.0.4")
 
-        from openglm.agent.resilience.hooks import METRICS
-
-        return Response(METRICS.render(), media_type="text/plain; version=0.0.4")
-
+    for add_routes in hooks.routes:
+        add_routes(app, store)
+    dashboard.mount(app, store, config)  # pages at /ui/, their data at /v1/dash/ (openglm.agent.dashboard)
     return app
 
 

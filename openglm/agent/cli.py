@@ -2,45 +2,60 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
+from pathlib import Path
+
 
 DEFAULT_URL = "http://127.0.0.1:8100"
+
+
+def add_model_flags(p) -> None:
+    """The flags that choose the model (agent-server, worker, swe-solve); read with `model_spec_from_args`."""
+    p.add_argument("--replay", help="a replay model instead of an endpoint: JSONL of scripted assistant turns")
+    p.add_argument("--model-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", help="model name at --model-url")
+    p.add_argument("--api-key-env", default="OPENGLM_MODEL_API_KEY",
+                   help="env var holding the model API key (default OPENGLM_MODEL_API_KEY)")
+    p.add_argument("--fallback-url", help="fallback model base URL (answers when the primary fails)")
+    p.add_argument("--fallback-model", help="fallback model name (default: --model)")
+
+
+def model_spec_from_args(args):
+    """The ModelSpec the model flags give, or None when none was given."""
+    from openglm.agent.llm import ModelSpec  # httpx: loaded when a command runs, `openglm --help` stays fast
+
+    if args.replay:
+        return ModelSpec(replay=args.replay)
+    if not args.model_url:
+        return None
+    if not args.model:
+        raise SystemExit("--model-url needs --model")
+    key = os.environ.get(args.api_key_env)
+    fallback = ModelSpec(base_url=args.fallback_url, model=args.fallback_model or args.model,
+                         api_key=key) if args.fallback_url else None
+    return ModelSpec(base_url=args.model_url, model=args.model, api_key=key, fallback=fallback)
 
 
 def _config_args(p):
     p.add_argument("--config", help="agent config JSON (keys of AgentConfig)")
     p.add_argument("--data-dir", help="snapshots and created workspaces (default runs/agent)")
     p.add_argument("--store", help="sqlite path or redis://host:port/db (default <data-dir>/agent.db)")
-    p.add_argument("--replay", help="serve tasks with a replay model: JSONL of scripted assistant turns")
-    p.add_argument("--model-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--model", help="model name at --model-url")
-    p.add_argument("--api-key-env", default="OPENGLM_MODEL_API_KEY", help="env var holding the model API key")
-    p.add_argument("--fallback-url", help="fallback model base URL")
-    p.add_argument("--fallback-model", help="fallback model name")
+    add_model_flags(p)
     p.add_argument("--lease-ttl", type=float, help="seconds a silent worker keeps its lease")
 
 
 def _load_config(args):
-    from openglm.agent.config import AgentConfig
+    from openglm.agent.config import AgentConfig  # (as above)
 
-    model = None
-    if args.replay:
-        model = {"replay": args.replay}
-    elif args.model_url:
-        if not args.model:
-            raise SystemExit("--model-url needs --model")
-        model = {"base_url": args.model_url, "model": args.model, "api_key": os.environ.get(args.api_key_env)}
-        if args.fallback_url:
-            model["fallback"] = {"base_url": args.fallback_url, "model": args.fallback_model or args.model,
-                                 "api_key": os.environ.get(args.api_key_env)}
-    return AgentConfig.load(args.config, data_dir=args.data_dir, store=args.store, model=model,
+    return AgentConfig.load(args.config, data_dir=args.data_dir, store=args.store, model=model_spec_from_args(args),
                             lease_ttl=args.lease_ttl)
 
 
 def _client(args):
-    from openglm.client import GLMClient
+    from openglm.client import GLMClient  # httpx: loaded when a command runs
 
     return GLMClient(args.server, api_key=args.token)
 
@@ -53,12 +68,17 @@ def _reporting_api_errors(func):
     """Run a `task` action; an error answer from the task API is one line on stderr and exit 2."""
 
     def run(args):
-        from openglm.client import GLMClientError
+        import httpx  # (as above)
+
+        from openglm.client import GLMClientError  # (as above)
 
         try:
             return func(args)
         except GLMClientError as e:
             print(f"error: {e.detail}", file=sys.stderr)
+            return 2
+        except httpx.TransportError as e:  # no server there, or it hung up
+            print(f"error: cannot reach the task API at {args.server}: {e}", file=sys.stderr)
             return 2
 
     return run
@@ -103,19 +123,34 @@ def cmd_action(args):
         _print(getattr(client, args.action)(args.task_id))
 
 
+def cmd_export_html(args):
+    from openglm.agent.dashboard.export import render  # (as above)
+
+    out = Path(args.out or f"{args.task_id}.html")
+    try:
+        out.write_text(render(_client(args).trajectory(args.task_id)), encoding="utf-8")
+    except OSError as e:
+        raise SystemExit(f"cannot write {out}: {e.strerror}") from None
+    print(out)
+
+
 def cmd_list(args):
     for t in _client(args).list_tasks():
         print(f"{t['id']}  {t['state']:<12} step {t['step']:<4} {t['objective'][:60]}")
 
 
 def cmd_agent_server(args):
-    from openglm.agent.server import serve
+    from openglm.agent.server import serve  # uvicorn + FastAPI: loaded when the command runs
 
-    serve(_load_config(args), host=args.host, port=args.port, workers=args.workers, token=args.token)
+    try:
+        serve(_load_config(args), host=args.host, port=args.port, workers=args.workers, token=args.token,
+              view_token=args.view_token)
+    except ValueError as e:  # refused configuration (non-loopback without a token, ...): one line
+        raise SystemExit(f"error: {e}") from None
 
 
 def cmd_worker(args):
-    from openglm.agent.server import run_worker
+    from openglm.agent.server import run_worker  # the whole runtime: loaded when the command runs
 
     run_worker(_load_config(args), max_tasks=1 if args.once else None)
 
@@ -156,12 +191,19 @@ def register(subparsers):
     p.add_argument("task_id")
     p.add_argument("step", type=int)
 
+    p = add("export-html", "write a task's trajectory as one self-contained (offline) HTML file", cmd_export_html)
+    p.add_argument("task_id")
+    p.add_argument("--out", "-o", help="output file (default: <task_id>.html in the current folder)")
+
     p = subparsers.add_parser("agent-server", help="serve the task API with embedded workers")
     _config_args(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--workers", type=int, default=1, help="embedded workers (0: API only)")
     p.add_argument("--token", default=None, help="bearer token (or OPENGLM_AGENT_TOKEN); required off loopback")
+    p.add_argument("--view-token", default=None,
+                   help="read-only bearer token (or OPENGLM_AGENT_VIEW_TOKEN): GET routes and the dashboard "
+                        "without its controls (default: none)")
     p.set_defaults(func=cmd_agent_server)
 
     p = subparsers.add_parser("worker", help="an extra worker for a shared store (e.g. redis://...)")
@@ -172,8 +214,6 @@ def register(subparsers):
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m openglm.agent ...`: the agent commands alone (starts without importing other areas)."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m openglm.agent")
     register(parser.add_subparsers(dest="command", metavar="COMMAND"))
     args = parser.parse_args(argv)

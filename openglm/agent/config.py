@@ -6,22 +6,29 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from openglm.agent.llm import ModelSpec
 from openglm.agent.snapshot import DEFAULT_IGNORE
+from openglm.util.strict import check_keys
 
 
 @dataclass
 class AgentConfig:
     data_dir: str = "runs/agent"  # snapshots, cloned / created workspaces
     store: str = ""  # '' -> sqlite at <data_dir>/agent.db; or 'redis://host:port/0'
-    model: dict = field(default_factory=dict)  # {"replay": path} | {"base_url", "model", "api_key", "fallback"}
+    model: ModelSpec | None = None  # a task without its own model uses this one; JSON: {"replay": path} | {"base_url", "model", "api_key", "fallback"}
     lease_ttl: float = 15.0  # a worker silent this long loses its task to another worker
     poll_interval: float = 0.5
     ignore: list[str] = field(default_factory=lambda: list(DEFAULT_IGNORE))
     policy: str = ""  # 'package.module:factory' returning a Policy; '' -> ToolCallingPolicy
+    policy_config: dict = field(default_factory=dict)  # settings the policy factory reads (e.g. SWEPolicyConfig's)
     hooks: list[str] = field(default_factory=list)  # 'package.module:factory' returning Hooks
     resilience: dict = field(default_factory=dict)  # settings of openglm.agent.resilience (docs/resilience.md)
     context_limit: int = 100_000  # tokens; older observations are condensed near it
     max_output: int = 20_000  # characters of tool output kept (head + tail)
+
+    def __post_init__(self):
+        if isinstance(self.model, dict):
+            self.model = ModelSpec.from_dict(self.model) if self.model else None
 
     @property
     def store_url(self) -> str:
@@ -34,9 +41,7 @@ class AgentConfig:
     @classmethod
     def load(cls, path: str | None = None, **overrides) -> "AgentConfig":
         raw = json.loads(Path(path).read_text()) if path else {}
-        unknown = set(raw) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"{path}: unknown agent config key(s): {', '.join(sorted(unknown))}")
+        check_keys(raw, cls, f"key(s) of the agent config {path}")
         raw.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**raw)
 

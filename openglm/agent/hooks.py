@@ -8,6 +8,8 @@
 - `monitors`: `factory(ctx) -> object with .stop()`, started when a run starts and stopped when it
   ends (e.g. a resource sampler thread writing into `ctx.readings`, which the heartbeat stores).
 - `budgets`: `check(ctx) -> reason | None`, called before every step; a reason pauses the task.
+- `routes`: `add(app, store)` adds routes to the task API (FastAPI), e.g. raising a task's budget.
+- `metrics`: `render() -> bytes` in the Prometheus text format; `GET /metrics` serves them all.
 From any of these, `ctx.request_pause(reason)` pauses after the current step, `ctx.rollback(step)`
 restores an earlier snapshot, and `ctx.log(kind, data)` appends an event.
 """
@@ -28,6 +30,8 @@ class Hooks:
     step_callbacks: list[Callable] = field(default_factory=list)
     monitors: list[Callable] = field(default_factory=list)
     budgets: list[Callable] = field(default_factory=list)
+    routes: list[Callable] = field(default_factory=list)
+    metrics: list[Callable] = field(default_factory=list)
 
     def merge(self, other: "Hooks") -> "Hooks":
         return Hooks(*(getattr(self, f) + getattr(other, f) for f in self.__dataclass_fields__))
@@ -63,12 +67,13 @@ class RunContext:
         self.store = run.store
         self.snapshots = run.snapshots
         self.workspace: str = str(run.snapshots.workspace)
-        self.constraints = run.constraints
+        self.constraints = run.constraints  # the task's parsed Constraints
         self.readings: dict = {}  # resource readings from monitors; stored with each heartbeat
         self.control: str = ""  # latest pause/cancel request seen by the heartbeat
         self.lease_lost = False
         self.pause_reason: str = ""
         self.input_question: str = ""  # set by request_input: the run stops in NEEDS_INPUT
+        self.extensions: dict[str, Any] = {}  # per-run state of a hook layer, by its name (e.g. "resilience")
         self._started = time.monotonic()
         self._lock = threading.Lock()
 

@@ -13,14 +13,14 @@ recorded response, so no model call is paid twice and no half-applied action sur
 
 from __future__ import annotations
 
-import os
 import time
 
 from openglm.agent.faults import crashpoint
 from openglm.agent.hooks import Hooks, RunContext, StepRecord
-from openglm.agent.models.base import ModelResponse
+from openglm.agent.llm.base import ModelResponse
+from openglm.agent.process import live_output_file, running_pidfile
 from openglm.agent.state import rebuild
-from openglm.agent.task import TaskState, parse_constraints
+from openglm.agent.task import TaskState
 from openglm.agent.tools import ToolResult
 from openglm.agent.tools.files import PathEscape, confine
 
@@ -30,7 +30,7 @@ class TaskRun:
         self.store, self.task, self.worker = store, task, worker
         self.model, self.toolbox, self.snapshots, self.policy = model, toolbox, snapshots, policy
         self.hooks = hooks or Hooks()
-        self.constraints = parse_constraints(task.constraints)
+        self.constraints = task.parsed_constraints
         self.state = None
         self.ctx = RunContext(self)
         self._model_call = self._wrap(self.hooks.model_wrappers, lambda m, t: self.model.query(m, t))
@@ -141,7 +141,8 @@ class TaskRun:
         t.completion_tokens += response.completion_tokens
         t.model_calls += 1
         self._append([(k, n, d) for k, d in pre] + [
-            ("model_request", n, {"messages": len(messages), "model": getattr(self.model, "name", "")}),
+            ("model_request", n, {"messages": len(messages), "model": getattr(self.model, "name", ""),
+                                  **_added_messages(messages, self.state.messages())}),
             ("model_response", n, {"response": response.to_dict(), "latency_s": round(latency, 4),
                                    "prompt_tokens": response.prompt_tokens,
                                    "completion_tokens": response.completion_tokens})],
@@ -167,6 +168,7 @@ class TaskRun:
     def _run_tool(self, name, args) -> ToolResult:
         return self.toolbox.call(name, args, timeout=self.ctx.remaining_s,
                                  pidfile=running_pidfile(self.snapshots.git_dir.parent),
+                                 output_file=live_output_file(self.snapshots.git_dir.parent),
                                  should_stop=lambda: self.ctx.control == "cancel" or self.ctx.lease_lost)
 
     def check_deliverables(self) -> dict:
@@ -216,21 +218,9 @@ class TaskRun:
         return state
 
 
-def running_pidfile(task_dir) -> str:
-    """Where a run records the process group of the command it is running (the task dir holds snapshots.git)."""
-    return os.path.join(task_dir, "running.pgid")
-
-
-def kill_leftover_commands(task_dir) -> None:
-    """Kill the process group of a command an earlier (killed) worker left running."""
-    pidfile = running_pidfile(task_dir)
-    try:
-        with open(pidfile) as f:
-            pgid = int(f.read().strip())
-        os.killpg(pgid, 9)
-    except (OSError, ValueError):
-        pass
-    try:
-        os.unlink(pidfile)
-    except FileNotFoundError:
-        pass
+def _added_messages(messages: list[dict], conversation: list[dict]) -> dict:
+    """What the policy sent beyond the conversation the log rebuilds (e.g. a phase prompt), so the
+    trajectory viewer can show the prompt exactly as sent; a rewritten prompt is only flagged."""
+    if len(messages) >= len(conversation) and messages[:len(conversation)] == conversation:
+        return {"added": messages[len(conversation):]} if len(messages) > len(conversation) else {}
+    return {"rewritten": True}

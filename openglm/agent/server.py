@@ -22,14 +22,17 @@ def start_workers(config: AgentConfig, n: int, stop: threading.Event) -> list[th
 
 
 def serve(config: AgentConfig, host: str = "127.0.0.1", port: int = 8100, workers: int = 1,
-          token: str | None = None) -> None:
-    import uvicorn
+          token: str | None = None, view_token: str | None = None) -> None:
+    import uvicorn  # the server's heavy dependency: loaded when serving
 
     token = token or os.environ.get("OPENGLM_AGENT_TOKEN") or None
+    view_token = view_token or os.environ.get("OPENGLM_AGENT_VIEW_TOKEN") or None
     check_bind(host, token)
+    if view_token and not token:
+        raise ValueError("a read-only --view-token needs a full --token too (else every caller has full control)")
     stop = threading.Event()
     start_workers(config, workers, stop)
-    app = create_app(config, token=token)
+    app = create_app(config, token=token, view_token=view_token)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 from openglm.agent.config import AgentConfig
+from openglm.agent.llm import ModelSpec
 from openglm.agent.snapshot import Snapshots
 from openglm.agent.state import rebuild
 from openglm.agent.store import StateConflict
@@ -48,6 +49,8 @@ def submit(store, config: AgentConfig, objective: str, workspace: str | None = N
     if not isinstance(objective, str) or not objective.strip():
         raise ConstraintError("objective", "must be a non-empty string")
     parse_constraints(constraints)  # validate now: 422 at submit, never a failure hours later
+    if model is not None:
+        _check_model(model)
     task_id = new_task_id()
     task = Task(id=task_id, objective=objective, workspace=_workspace(config, task_id, workspace, repo),
                 constraints=dict(constraints or {}), meta={"model": model} if model else {})
@@ -55,6 +58,15 @@ def submit(store, config: AgentConfig, objective: str, workspace: str | None = N
     store.append(task.id, [("task_created", 0, {"objective": objective, "workspace": task.workspace,
                                                 "constraints": task.constraints})])
     return task
+
+
+def _check_model(model) -> None:
+    try:
+        spec = ModelSpec.from_dict(model)
+    except (TypeError, ValueError) as e:
+        raise ConstraintError("model", str(e)) from None
+    if not (spec.replay or (spec.base_url and spec.model)):
+        raise ConstraintError("model", "needs 'replay', or 'base_url' and 'model'")
 
 
 def _transition(store, task_id, frm: set, to: S, reason: str, extra_events=()) -> Task:

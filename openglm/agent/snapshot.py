@@ -26,6 +26,7 @@ from pathlib import Path
 
 from openglm.agent.faults import crashpoint
 from openglm.agent.watch import DirtyPaths
+from openglm.util.files import write_atomic
 
 DEFAULT_IGNORE = [".venv/", "venv/", "__pycache__/", "*.pyc", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/",
                   "node_modules/", ".tox/", ".cache/"]
@@ -219,7 +220,7 @@ class Snapshots:
         sha = hashlib.sha1(raw).hexdigest()
         path = self.git_dir / "objects" / sha[:2] / sha[2:]
         if not path.exists():
-            self._atomic_write(path, zlib.compress(raw))
+            write_atomic(path, zlib.compress(raw))
         return sha
 
     def _commit_tree(self, commit: str) -> str:
@@ -229,14 +230,6 @@ class Snapshots:
             return header[5:45].decode()  # "tree <40 hex>"
         return self._git("rev-parse", f"{commit}^{{tree}}")
 
-    @staticmethod
-    def _atomic_write(path, data: bytes):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-
     def _index_stamp(self):
         try:
             st = os.stat(self.git_dir / "index")
@@ -245,7 +238,7 @@ class Snapshots:
         return st.st_ino, st.st_mtime_ns, st.st_size
 
     def _set_head(self, commit: str, tree: str | None = None):
-        self._atomic_write(self.git_dir / self.REF, (commit + "\n").encode())
+        write_atomic(self.git_dir / self.REF, (commit + "\n").encode())
         self.head = commit
         self._head_tree = tree or self._commit_tree(commit)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from openglm.agent.models.base import ModelResponse
+from openglm.agent.llm.base import ModelResponse
 from openglm.agent.store.base import Event
 
 CONDENSED_CHARS = 200
@@ -91,11 +91,14 @@ def _condense(text: str) -> str:
     return text[:CONDENSED_CHARS] + f"\n[... condensed: {len(text) - CONDENSED_CHARS} characters of an old observation dropped]"
 
 
-def rebuild(initial: list[dict], events: list[Event]) -> AgentState:
-    """Replay the log into an AgentState."""
+def rebuild(initial: list[dict], events: list[Event], before=None) -> AgentState:
+    """Replay the log into an AgentState. `before(event, state)`, if given, sees the state as it was
+    just before each event (the trajectory viewer reads each turn's prompt this way)."""
     st = AgentState(initial=initial)
     observations: dict[int, list[dict]] = {}
     for e in events:
+        if before is not None:
+            before(e, st)
         if e.kind == "model_response":
             st.pending = ModelResponse.from_dict(e.data["response"])
         elif e.kind == "observation":

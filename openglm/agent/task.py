@@ -7,6 +7,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from functools import cached_property
 
 
 class TaskState(str, Enum):
@@ -30,6 +31,23 @@ class ConstraintError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+@dataclass
+class Resources:
+    cpus: int | None = None
+    memory_bytes: int | None = None
+
+
+@dataclass
+class Deliverable:
+    """A path that must exist in the workspace, or a command that must exit 0 there."""
+
+    path: str | None = None
+    command: str | None = None
+
+    def describe(self) -> str:
+        return f"path {self.path}" if self.path else f"command `{self.command}`"
 
 
 _DURATION_UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600, "d": 86400}
@@ -57,12 +75,6 @@ def parse_duration(value, field: str = "timeout") -> float:
     return total
 
 
-@dataclass
-class Resources:
-    cpus: int | None = None
-    memory_bytes: int | None = None
-
-
 def parse_resource(value, field: str = "resource") -> Resources:
     """'16CPU/64GB', '2CPU', '512MB' -> Resources."""
     if not isinstance(value, str) or not value.strip():
@@ -79,17 +91,6 @@ def parse_resource(value, field: str = "resource") -> Resources:
     if res.cpus == 0 or res.memory_bytes == 0:
         raise ConstraintError(field, f"limits must be positive, got {value!r}")
     return res
-
-
-@dataclass
-class Deliverable:
-    """A path that must exist in the workspace, or a command that must exit 0 there."""
-
-    path: str | None = None
-    command: str | None = None
-
-    def describe(self) -> str:
-        return f"path {self.path}" if self.path else f"command `{self.command}`"
 
 
 def parse_deliverables(value, field: str = "deliverables") -> list[Deliverable]:
@@ -161,7 +162,8 @@ def new_task_id() -> str:
 
 @dataclass
 class Task:
-    """One long-horizon task as stored. `constraints` keeps the user's raw dict (re-parsed on use)."""
+    """One long-horizon task as stored. `constraints` keeps the user's dict as given (it is what the
+    record and the API show); `parsed_constraints` is its typed form, parsed once per Task."""
 
     id: str
     objective: str
@@ -194,6 +196,10 @@ class Task:
     def from_dict(cls, d: dict) -> "Task":
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    @cached_property
+    def parsed_constraints(self) -> Constraints:
+        return parse_constraints(self.constraints)
 
     @property
     def terminal(self) -> bool:

@@ -19,13 +19,14 @@ from pathlib import Path
 import psutil
 
 from openglm.agent.config import AgentConfig
-from openglm.agent.default_policy import ToolCallingPolicy
 from openglm.agent.hooks import Hooks, load_hooks
-from openglm.agent.loop import TaskRun, kill_leftover_commands
-from openglm.agent.models import ModelError, build_model
+from openglm.agent.loop import TaskRun
+from openglm.agent.llm import ModelError, ModelSpec, build_model
+from openglm.agent.policy import ToolCallingPolicy
+from openglm.agent.process import kill_leftover_commands
 from openglm.agent.snapshot import Snapshots
 from openglm.agent.store import LeaseLost, open_store
-from openglm.agent.task import TaskState, parse_constraints
+from openglm.agent.task import TaskState
 from openglm.agent.tools import ResourceLimiter, ToolBox
 
 
@@ -69,14 +70,14 @@ class Worker:
         task_dir = self.task_dir(task.id)
         task_dir.mkdir(parents=True, exist_ok=True)
         kill_leftover_commands(task_dir)
-        constraints = parse_constraints(task.constraints)
+        constraints = task.parsed_constraints
         limiter = ResourceLimiter(constraints.resources)
         run = snapshots = None
         heartbeat = _Heartbeat(self, task.id)
         try:
             snapshots = Snapshots(task.workspace, task_dir / "snapshots.git", self.config.ignore)
             toolbox = ToolBox(task.workspace, limiter, constraints.command_timeout_s, self.config.max_output)
-            model = self.model or build_model(task.meta.get("model") or self.config.model)
+            model = self.model or build_model(task.meta.get("model") or self.config.model or ModelSpec())
             run = TaskRun(self.store, task, self.id, model, toolbox, snapshots, self.policy_factory(), self.hooks)
             heartbeat.start(run.ctx)
             return run.run()

@@ -3,10 +3,10 @@
 `LLM(path).generate(prompts, SamplingParams(...))` for offline batches; `LLMEngine` is the
 step-at-a-time core the server drives.
 
-Exports resolve lazily (see openglm/_lazy.py).
+Exports resolve lazily (see openglm/util/lazy.py).
 """
 
-from openglm._lazy import lazy_exports
+from openglm.util.lazy import lazy_exports
 
 _EXPORTS = {
     "EngineConfig": "openglm.engine.config",

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 
 from openglm.engine.config import EngineConfig
 from openglm.engine.llm_engine import LLMEngine
 from openglm.engine.outputs import RequestOutput
 from openglm.engine.sampling_params import SamplingParams
+from openglm.util.strict import check_keys
 
 
 class LLM:
     """A checkpoint loaded into the paged-KV engine. Keyword arguments are `EngineConfig` fields."""
 
     def __init__(self, model: str, **engine_args):
-        known = {f.name for f in fields(EngineConfig)}
-        unknown = sorted(set(engine_args) - known)
-        if unknown:
-            raise TypeError(f"unknown engine option(s) {unknown}; valid: {sorted(known)}")
+        check_keys(engine_args, EngineConfig, "engine option(s)", TypeError)
         self.engine = LLMEngine.from_pretrained(model, EngineConfig(**engine_args))
         self.tokenizer = self.engine.tokenizer
 
@@ -46,7 +44,7 @@ class LLM:
         return self.generate(prompts, params, use_tqdm)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
-        from tqdm import tqdm
+        from tqdm import tqdm  # only for a progress bar
 
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(request_ids), desc="generate", unit="req", disable=not use_tqdm)

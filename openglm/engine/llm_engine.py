@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,7 +23,25 @@ from openglm.engine.sampler import Sampler
 from openglm.engine.sampling_params import SamplingParams
 from openglm.engine.scheduler import Scheduler
 from openglm.engine.sequence import Sequence
-from openglm.train.checkpoint import resolve_checkpoint  # a checkpoint, or a run folder's latest one
+from openglm.model.checkpoint import resolve_checkpoint  # a checkpoint, or a run folder's latest one
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of the engine's load and counters (the server's metrics read these)."""
+
+    running: int  # sequences in the running batch
+    waiting: int  # sequences queued
+    kv_blocks_used: int
+    kv_blocks_total: int
+    kv_blocks_cached: int  # free blocks still holding a prefix-cache entry
+    prefix_hit_blocks: int  # prompt blocks served from the prefix cache (cumulative)
+    prefix_query_blocks: int  # prompt blocks looked up (cumulative)
+    preemptions: int
+    steps: int
+    prompt_tokens: int
+    generation_tokens: int
+    computed_tokens: int
 
 
 class LLMEngine:
@@ -42,21 +61,34 @@ class LLMEngine:
         self.requests: dict[str, list[Sequence]] = {}
         self.sent: dict[int, tuple[int, int]] = {}  # seq_id -> (chars, tokens) already reported
         self._ids = itertools.count()
-        self.stats = {"steps": 0, "prompt_tokens": 0, "generation_tokens": 0, "computed_tokens": 0}
+        self.counters = {"steps": 0, "prompt_tokens": 0, "generation_tokens": 0, "computed_tokens": 0}
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> "LLMEngine":
-        from openglm.engine.tokenizing import EngineTokenizer
+        from openglm.engine.tokenizing import EngineTokenizer  # tokenizers + weights: loaded only from a checkpoint
         from openglm.model import load_model
 
         config = config or EngineConfig()
         path = resolve_checkpoint(path)
         model = load_model(str(path), dtype=getattr(torch, config.dtype))
         if config.quantization:
-            from openglm.engine.quant import quantize_model
+            from openglm.engine.quant import quantize_model  # optional (--quantization)
 
             quantize_model(model, config.quantization)
         return cls(model, EngineTokenizer(path), config)
+
+    # ---- what the server reads ------------------------------------------------------------------
+    @property
+    def model_config(self):
+        """The served model's config (vocab_size, max_position_embeddings, ...)."""
+        return self.runner.model.config
+
+    def stats(self) -> EngineStats:
+        bm, sched = self.block_manager, self.scheduler
+        return EngineStats(running=len(sched.running), waiting=len(sched.waiting), kv_blocks_used=bm.num_used_blocks,
+                           kv_blocks_total=bm.num_blocks, kv_blocks_cached=bm.num_cached_blocks,
+                           prefix_hit_blocks=bm.stats["prefix_hits"], prefix_query_blocks=bm.stats["prefix_queries"],
+                           preemptions=sched.num_preemptions, **self.counters)
 
     # ---- requests -----------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
@@ -75,7 +107,7 @@ class LLMEngine:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens; this model's context is {self.max_model_len} "
                              "tokens including the output")
-        vocab = getattr(self.runner.model.config, "vocab_size", None)
+        vocab = getattr(self.model_config, "vocab_size", None)
         if vocab is not None and not all(0 <= t < vocab for t in ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         request_id = request_id or f"req-{next(self._ids)}"
@@ -98,6 +130,11 @@ class LLMEngine:
             self.sent.pop(seq.seq_id, None)
         return True
 
+    def abort_all(self) -> None:
+        """Abort every request (after a failed step nothing may hold blocks)."""
+        for request_id in list(self.requests):
+            self.abort(request_id)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0
 
@@ -107,8 +144,8 @@ class LLMEngine:
         if not batch.seqs:
             return []
         logits = self.runner.run(batch.seqs, batch.num_tokens)
-        self.stats["steps"] += 1
-        self.stats["computed_tokens"] += batch.total_tokens
+        self.counters["steps"] += 1
+        self.counters["computed_tokens"] += batch.total_tokens
         ready, rows = [], []  # sequences whose inputs are all computed (they get a new token), their rows
         for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens)):
             seq.num_computed_tokens += n
@@ -125,9 +162,9 @@ class LLMEngine:
 
     def _append(self, seq: Sequence, token: int, logprob: dict | None) -> None:
         if seq.num_output_tokens == 0:
-            self.stats["prompt_tokens"] += seq.num_prompt_tokens
+            self.counters["prompt_tokens"] += seq.num_prompt_tokens
         seq.append_token(token)
-        self.stats["generation_tokens"] += 1
+        self.counters["generation_tokens"] += 1
         if logprob is not None:
             seq.logprobs.append(logprob)
         p = seq.params

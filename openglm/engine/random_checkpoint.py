@@ -28,7 +28,7 @@ def stdlib_texts(limit_chars: int = 200_000) -> list[str]:
 def build_random_checkpoint(path: str | Path, preset: str = "tiny", vocab_size: int = 384, seed: int = 0,
                             **overrides) -> Path:
     """Write config.json + safetensors + tokenizer files to `path`; returns the path."""
-    import torch
+    import torch  # heavy: loaded when a checkpoint is built
 
     from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
     from openglm.tokenizer import train_tokenizer

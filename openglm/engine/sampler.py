@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from openglm.engine.sequence import Sequence
-from openglm.train.generate import filter_logits as top_k_top_p
+from openglm.model.sampling import filter_logits as top_k_top_p
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -33,7 +33,7 @@ def filter_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Top-k, top-p and min-p, each row with its own settings (filtered entries become -inf)."""
     for i, seq in enumerate(seqs):
         p = seq.params
-        if p.top_k > 0 or p.top_p < 1.0:  # the same top-k / top-p as openglm.train.generate
+        if p.top_k > 0 or p.top_p < 1.0:  # the same top-k / top-p as training-time generation
             logits[i] = top_k_top_p(logits[i], max(p.top_k, 0), p.top_p)
         if p.min_p > 0.0:
             row = logits[i]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 class EngineTokenizer:
     def __init__(self, path: str | Path):
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # heavy (Rust tokenizers): loaded with a tokenizer
 
         from openglm import tokenizer as otok
 
@@ -47,7 +47,7 @@ class EngineTokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        import jinja2
+        import jinja2  # optional: only for a checkpoint's own chat template
 
         def raise_exception(msg):
             raise ValueError(msg)

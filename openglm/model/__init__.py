@@ -4,10 +4,10 @@
     model = GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny"))
     out = model(input_ids, attention_mask=mask, cache=DynamicCache(), return_aux=True)
 
-Exports resolve lazily (see openglm/_lazy.py).
+Exports resolve lazily (see openglm/util/lazy.py).
 """
 
-from openglm._lazy import lazy_exports
+from openglm.util.lazy import lazy_exports
 
 _EXPORTS = {
     "DynamicCache": "openglm.model.cache",

@@ -3,7 +3,9 @@
 Keys/values are never expanded per head: kv_b_proj is folded into the query (q_nope @ W_uk) and
 into the output (o_latent @ W_uv^T), so attention runs directly on the cached normed latent `kv`
 plus the roped key `k_pe`, which act as one shared key head of width kv_lora_rank + rope_dim.
-This is what makes the DSA gather cheap: each selected key costs one latent row.
+This is what makes the DSA gather cheap: each selected key costs one latent row. DSA layers run
+`sparse_dsa` (indexer top-k + attention over the selected latent rows) for prefill, chunked prefill,
+decode and training alike.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from openglm.model.attend import attend_dense, attend_gathered
+from openglm.model.attend import attend_dense
 from openglm.model.config import ModelConfig
 from openglm.model.indexer import Indexer
 from openglm.model.native import linear
 from openglm.model.norm import RMSNorm
 from openglm.model.rope import apply_rope, softmax_scale
 from openglm.model.sparse import SPARSE_PATTERN_KINDS, mla_pattern_attention, pattern_from_config
+from openglm.model.sparse_dsa import dsa_attention, gather_attention
 from openglm.model.weights import derived_weight, fused_rows
 
 
@@ -42,10 +45,14 @@ class MLAttention(nn.Module):
         own_indexer = self.kind == "dsa" and cfg.indexer_types[layer_idx] == "full"
         self.indexer = Indexer(cfg) if own_indexer else None
         self.pattern = pattern_from_config(cfg, self.kind) if self.kind in SPARSE_PATTERN_KINDS else None
+        # Whether the next DSA layer reuses this layer's selection (indexer_types 'shared'): only then are the
+        # slots of every query kept (Tq x k of them) after the attention.
+        later = [j for j in range(layer_idx + 1, cfg.num_hidden_layers) if cfg.attention_kinds[j] == "dsa"]
+        self.selection_shared = bool(own_indexer and later and cfg.indexer_types[later[0]] == "shared")
 
     def forward(self, x, rot, key_valid, past: int, cache=None, prev_selection=None):
         """x [B,T,hidden] (normed); rot: the forward's `rope.Rotation`. Returns (output [B,T,hidden], DSA
-        selection for a following 'shared' layer: (indices, valid), or None meaning 'every visible key')."""
+        selection for a following 'shared' layer: key slots [B,T,k], -1 = none; else None)."""
         B, T, _ = x.shape
         q_a, kv, k_pe, index_k, index_w = self._project_input(x)
         q_resid = self.q_a_layernorm(q_a)
@@ -64,26 +71,37 @@ class MLAttention(nn.Module):
         q_lat = per_head_matmul(q[..., : self.nope], w_uk)  # [B, T, H, rank]
         q_full = torch.cat([q_lat, apply_rope(q[..., self.nope:], rot.rope)], dim=-1)
         keys = latent_keys(entries["kv"], entries["k_pe"])  # [B, N, 1, rank+rope]
-        selection = None
+        selection, chunk = None, self.cfg.attn_query_chunk
         if self.kind == "dsa":
-            if self.indexer is not None:
-                selection = self.indexer.select(x, rot.index, entries["index_k"], key_valid, past,
-                                                projected=index_q, head_weights=index_w)
-            else:
-                selection = prev_selection
-        chunk = self.cfg.attn_query_chunk
-        if self.pattern is not None:  # local+global+random / sliding window: block-sparse over the latents
+            o_lat, selection = self._dsa(x, rot, q_full, keys, entries, index_q, index_w, key_valid, prev_selection)
+        elif self.pattern is not None:  # local+global+random / sliding window: block-sparse over the latents
             o_lat = mla_pattern_attention(q_full, keys, self.rank, self.pattern, self.scale, key_valid, chunk)
-        elif selection is None:
-            o_lat = attend_dense(q_full, keys, keys[..., : self.rank], key_valid, past, self.scale, chunk)
         else:
-            o_lat = attend_gathered(q_full, keys, None, *selection, self.scale, v_dim=self.rank, query_chunk=chunk)
+            # Values = the whole key row, sliced after: SDPA's fused (flash) kernel needs equal key and value
+            # widths; with values of width `rank` it falls back to materialising the T x N scores.
+            o_lat = attend_dense(q_full, keys, keys, key_valid, past, self.scale, chunk)[..., : self.rank]
         # Un-absorb W_uv: o_h = W_uv (sum_j p_j c_j)
         o = per_head_matmul(o_lat, w_uv.transpose(1, 2))  # [B, T, H, v]
         o = o.reshape(B, T, self.n_heads * self.v_dim)
         # Inference skips the module call (as the fused projections do) so a decode step can take `linear`'s rows path.
         plain = self.o_proj.bias is None and not torch.is_grad_enabled()
         return (linear(o, self.o_proj.weight) if plain else self.o_proj(o)), selection
+
+    def _dsa(self, x, rot, q_full, keys, entries, index_q, index_w, key_valid, prev_selection):
+        """DSA over the latent keys in `sparse_dsa`'s layout (views, no copies): q [B,H,T,D], one key head
+        [B,1,N,D] whose first `rank` channels are the values. With an own indexer: its top-k, then attention
+        over those keys; a 'shared' layer attends over the previous DSA layer's slots. Returns (o_lat
+        [B,T,H,rank], the slots for following shared layers, or None when none follows)."""
+        q, k = q_full.transpose(1, 2), keys.transpose(1, 2)
+        v = k[..., : self.rank]
+        if self.indexer is None:
+            return gather_attention(q, k, v, prev_selection, scale=self.scale).transpose(1, 2), prev_selection
+        index_q, weights = self.indexer.queries(x, rot.index, index_q, index_w)
+        out = dsa_attention(q, k, v, index_q, entries["index_k"], weights, self.indexer.topk, scale=self.scale,
+                            index_scale=self.indexer.softmax_scale, key_mask=key_valid,
+                            query_chunk=self.cfg.attn_query_chunk, return_slots=self.selection_shared)
+        out, slots = out if self.selection_shared else (out, None)
+        return out.transpose(1, 2), slots
 
     def _absorbed_weight(self, rows: int) -> torch.Tensor:
         """kv_b_proj's weight for the absorbed products; for a few rows (decode) without autograd in

@@ -26,6 +26,7 @@ from openglm.model.errors import (CheckpointError, CheckpointTooLargeError, Miss
                                   MissingTensorError, UnexpectedTensorError)
 from openglm.model.model import GlmMoeDsaForCausalLM
 from openglm.model.rope import RotaryEmbedding
+from openglm.util.files import replace_dir
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -51,7 +52,7 @@ def save_pretrained(model: GlmMoeDsaForCausalLM, path, max_shard_size: int = 2 <
             total = sum(t.numel() * t.element_size() for t in tensors.values())
             weight_map = {k: name for name, shard in zip(names, shards) for k in shard}
             _write_json(tmp / INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map})
-        _swap_into_place(tmp, path)
+        replace_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -84,14 +85,18 @@ def _write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def _swap_into_place(tmp: Path, path: Path) -> None:
-    if not path.exists():
-        os.replace(tmp, path)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-    os.replace(path, old / "ckpt")
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A checkpoint folder from a step folder, a run folder, or its checkpoints/ folder."""
+    p = Path(path)
+    if (p / "config.json").is_file():
+        return p
+    for pointer in (p / "checkpoints" / "latest", p / "latest"):
+        if pointer.is_file():
+            target = pointer.parent / pointer.read_text().strip()
+            if (target / "config.json").is_file():
+                return target
+            raise CheckpointError(f"{pointer} points at {target}, which is not a complete checkpoint")
+    raise CheckpointError(f"no checkpoint at {p} (expected config.json, or checkpoints/latest in a run folder)")
 
 
 def read_config(path) -> ModelConfig:

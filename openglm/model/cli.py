@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import sys
+
 
 def register(subparsers):
     p = subparsers.add_parser("info", help="parameter counts and weight memory of a model preset or checkpoint")
@@ -19,10 +22,7 @@ def register(subparsers):
 
 
 def cmd_info(args) -> int:
-    import json
-    import sys
-
-    from openglm.model.checkpoint import read_config
+    from openglm.model.checkpoint import read_config  # torch: loaded when the command runs, `openglm --help` stays fast
     from openglm.model.config import ModelConfig
     from openglm.model.errors import ModelError
     from openglm.model.parallel import ParallelLayout, format_memory_report, memory_report
@@ -64,8 +64,6 @@ def _check_layout(layout, cfg) -> None:
 def parse_override(text: str):
     """One `--set FIELD=VALUE` option (also `openglm train`'s) as (field, value): JSON if it parses, else the
     string."""
-    import json
-
     key, sep, value = text.partition("=")
     if not sep:
         raise ValueError(f"--set {text!r}: expected FIELD=VALUE")

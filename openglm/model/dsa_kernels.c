@@ -240,8 +240,10 @@ static int64_t compact(const float *row, int64_t n, float thr, float *cand_v, in
 /* Top n_top slots of one score row[0..n) (-inf = invisible) into out [n_top]: -1 first where fewer are visible,
    then the slots ascending. Slots tied at the k-th score fill the last places in slot order. A threshold from
    every `stride`-th score (the n_sample-th best of them) keeps ~n_sample * stride candidates; if it keeps fewer
-   than n_top (it overshot) every visible key is a candidate. cand_v / cand_j / tmp: n floats / ints each. */
-static void top_row(const float *row, int64_t n, int64_t n_top, int64_t stride, int64_t n_sample, int64_t *out,
+   than n_top (it overshot) every visible key is a candidate. cand_v / cand_j / tmp: n floats / ints each.
+   Returns 1 when more slots tie at the k-th score than there are places left (the choice among them is
+   arbitrary), else 0. */
+static int top_row(const float *row, int64_t n, int64_t n_top, int64_t stride, int64_t n_sample, int64_t *out,
                     float *cand_v, int32_t *cand_j, float *tmp, float *buf) {
     float thr = -__builtin_inff();
     if (n_sample > 0 && n >= 3 * stride * n_sample) {
@@ -255,14 +257,16 @@ static void top_row(const float *row, int64_t n, int64_t n_top, int64_t stride, 
     for (; o < pad; o++) out[o] = -1;
     if (c <= n_top) {
         for (int64_t e = 0; e < c; e++) out[o++] = cand_j[e];
-        return;
+        return 0;
     }
     memcpy(tmp, cand_v, c * sizeof(float));
     float kth = kth_largest(tmp, c, n_top, buf);
-    int64_t room = n_top;
-    for (int64_t e = 0; e < c; e++) room -= cand_v[e] > kth;
+    int64_t room = n_top, tied = 0;
+    for (int64_t e = 0; e < c; e++) { room -= cand_v[e] > kth; tied += cand_v[e] == kth; }
+    int ambiguous = tied > room;
     for (int64_t e = 0; e < c; e++)
         if (cand_v[e] > kth || (cand_v[e] == kth && room-- > 0)) out[o++] = cand_j[e];
+    return ambiguous;
 }
 
 /* row[j] = sum_h w[h] * relu(x[h * tx + j]) for j < n, four heads per pass over the row (one pass for the
@@ -307,16 +311,21 @@ void dsa_head_sum(const void *x, int is_bf16, int64_t nq, int64_t nh, int64_t tx
 }
 
 /* Top n_top slots of each score row [nq, row_s] among its first n_keys[i] (see top_row); visible [nq, vis_s]
-   (optional, 1 = visible) hides keys. out [nq, out_s]. work: 4 * row_s floats. */
-void dsa_rows_topk(float *rows, int64_t row_s, int64_t nq, const int64_t *n_keys, const uint8_t *visible,
+   (optional, 1 = visible) hides keys. out [nq, out_s]. work: 4 * row_s floats. tied [nq] (optional): 1 where
+   the row's k-th score was tied beyond the places left (see top_row). Returns how many rows were. */
+int64_t dsa_rows_topk(float *rows, int64_t row_s, int64_t nq, const int64_t *n_keys, const uint8_t *visible,
                    int64_t vis_s, int64_t n_top, int64_t stride, int64_t n_sample, int64_t *out, int64_t out_s,
-                   float *work) {
+                   float *work, uint8_t *tied) {
     float *cand_v = work, *tmp = work + row_s, *buf = work + 2 * row_s;
     int32_t *cand_j = (int32_t *)(work + 3 * row_s);
+    int64_t n_tied = 0;
     for (int64_t i = 0; i < nq; i++) {
         float *row = rows + i * row_s;
         if (visible)
             for (int64_t j = 0; j < n_keys[i]; j++) if (!visible[i * vis_s + j]) row[j] = -__builtin_inff();
-        top_row(row, n_keys[i], n_top, stride, n_sample, out + i * out_s, cand_v, cand_j, tmp, buf);
+        int t = top_row(row, n_keys[i], n_top, stride, n_sample, out + i * out_s, cand_v, cand_j, tmp, buf);
+        if (tied) tied[i] = (uint8_t)t;
+        n_tied += t;
     }
+    return n_tied;
 }

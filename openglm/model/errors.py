@@ -15,8 +15,8 @@ class UnknownModelTypeError(ConfigError):
     """config.json names a `model_type` other than `glm_moe_dsa`."""
 
 
-class CheckpointError(ModelError):
-    """A checkpoint directory cannot be read or written."""
+class CheckpointError(ModelError, ValueError):
+    """A checkpoint directory cannot be read or written, or does not fit the current run."""
 
 
 class MissingShardError(CheckpointError, FileNotFoundError):

@@ -116,7 +116,10 @@ class GlmMoeDsaForCausalLM(nn.Module):
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, return_aux=False):
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, return_aux=False,
+                logits_to_keep: int = 0):
+        """logits_to_keep: compute the logits of only the last n positions (0 = all; as in transformers): a
+        long prefill then skips the [T, vocab] matrix (2 GiB for 64K tokens of the small preset)."""
         self._check_ids(input_ids)
         B, T = input_ids.shape
         past = cache.get_seq_length() if cache is not None else 0
@@ -131,12 +134,14 @@ class GlmMoeDsaForCausalLM(nn.Module):
         token_mask = attention_mask[:, past:].reshape(-1).bool() if attention_mask is not None else None
         selection, layer_stats = None, []
         for layer in self.model.layers:
+            if layer.self_attn.indexer is not None:
+                selection = None  # a layer with its own indexer selects anew: free the old slots ([B, T, k]) first
             h, sel, stats = layer(h, rot, key_valid, past, cache, selection, token_mask, return_aux)
             if layer.self_attn.kind == "dsa":
                 selection = sel
             if stats is not None:
                 layer_stats.append(stats)
-        logits = self.lm_head(self.model.norm(h))
+        logits = self.lm_head(self.model.norm(h[:, -logits_to_keep:] if logits_to_keep else h))
         return CausalLMOutput(logits, self._collect(layer_stats, h) if return_aux else None)
 
     def _check_ids(self, input_ids: torch.Tensor) -> None:
@@ -164,7 +169,7 @@ class GlmMoeDsaForCausalLM(nn.Module):
                         sum(s.dropped for s in layer_stats) / max(assigned, 1))
 
     def save_pretrained(self, path, max_shard_size: int = 2 << 30) -> None:
-        from openglm.model.checkpoint import save_pretrained
+        from openglm.model.checkpoint import save_pretrained  # checkpoint.py builds models: a module-level import would be a cycle inside model/
 
         save_pretrained(self, path, max_shard_size=max_shard_size)
 

@@ -36,7 +36,7 @@ DSA_SIGNATURES = {  # argument and result types of each exported function (see d
     "dsa_pair_values": ([_P, _I, _I, _I, _P, _P, _P, _P, _I, _P, _I], None),
     "dsa_pair_exp": ([_P, _P, _P, _I], None),
     "dsa_head_sum": ([_P, ctypes.c_int, _I, _I, _I, _P, _P, _I, _P, _I], None),
-    "dsa_rows_topk": ([_P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P], None),
+    "dsa_rows_topk": ([_P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _P], _I),
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from openglm.model.config import ModelConfig
+from openglm.model.model import GlmMoeDsaForCausalLM
 
 COMPONENTS = (  # (name, predicate on the parameter name), first match wins
     ("embeddings", lambda n: n.startswith("model.embed_tokens")),
@@ -26,8 +27,6 @@ BYTES_PER_PARAM = {"bf16": 2.0, "fp8": 1.0, "int4": 0.5}
 
 
 def parameter_report(cfg: ModelConfig) -> dict:
-    from openglm.model.model import GlmMoeDsaForCausalLM
-
     with torch.device("meta"):
         model = GlmMoeDsaForCausalLM(cfg)
     breakdown = {name: 0 for name, _ in COMPONENTS}

@@ -35,6 +35,11 @@ PAIR_BYTES = 128
 # queries cost ~20% less per pair than 256), but every query costs k x 16 bytes (512 queries at k = 2,048).
 NATIVE_PAIR_BYTES = 16
 SCORE_DTYPES = (torch.float32, torch.bfloat16)
+# A block of at most this many queries per sequence (decode steps) attends by one batched gather + bmm: the
+# key-major passes cost a few calls per sequence and head, more than they save on so few pairs.
+FEW_QUERIES = 8
+SMALL_ROWS = 64  # a gather of at most this many (sequence, query) rows without autograd computes in fp32
+GATHER_BLOCK_BYTES = 4 << 20  # gathered rows of one block: small blocks stay in cache and reuse one buffer
 
 
 def _pair_block(n_top: int, n_queries: int, budget_bytes: int, native: bool) -> int:
@@ -192,7 +197,8 @@ def indexer_topk(index_q, index_k, weights, topk: int, *, scale: float | None = 
 
 class _Selector:
     """The indexer's top-k for one query block at a time: score the block's queries against every key up to
-    its last one, hide the invisible keys, keep the top-k. Buffers are reused from block to block."""
+    its last one, hide the invisible keys, keep the top-k. Buffers are reused from block to block. Selection
+    is not differentiable (the indexer's inputs are detached): it picks keys, it does not weight them."""
 
     def __init__(self, index_k, key_mask, key_pos, scale: float, topk: int, score_dtype, block: int, heads: int):
         b, tk = index_k.shape[:2]
@@ -200,23 +206,21 @@ class _Selector:
         # exactly its visible keys made ~1 MiB of cache per block (0.5 GiB at 32K). In bf16 the scored range
         # is rounded up to KEY_TILE keys (zero keys, masked), so only Tk / KEY_TILE shapes ever occur.
         self.tile = KEY_TILE if score_dtype != torch.float32 else 1
-        kt = index_k.transpose(1, 2).to(score_dtype)  # [B, Di, Tk]: one cast for all blocks
+        self.kt = index_k.transpose(1, 2).to(score_dtype)  # [B, Di, Tk]: one cast for all blocks, a view in fp32
         self.scale, self.score_dtype, self.block, self.n_top = scale, score_dtype, block, min(topk, tk)
         # Without padding or explicit positions, slot order is causal order: only a triangle is hidden.
         self.plain = key_mask is None and key_pos is None
-        self.kpos, self.valid = key_positions(key_mask, key_pos, b, tk, device=index_k.device)
+        self.kpos = self.valid = None
+        if not self.plain:
+            self.kpos, self.valid = key_positions(key_mask, key_pos, b, tk, device=index_k.device)
         self.scratch = Scratch()
-        width = tk + (-tk % self.tile)  # the scored range, in whole tiles
         self.lib = dsa_kernels()
+        self.padded = self.tiles = None  # built on the first block that needs them (never for a decode step)
+        width = tk + (-tk % self.tile)  # the scored range, in whole tiles
         if self.lib is not None:  # fp32 score rows, and per-head scores of one key tile
-            sizes = {"rows": b * block * width, "work": 4 * width, "heads": b * block * heads * NATIVE_KEY_TILE}
-            # The keys cut into [B, tiles, Di, NATIVE_KEY_TILE] (zero keys pad the last): each tile's matmul reads
-            # a contiguous matrix (~25% faster than a strided slice) of one shape (one oneDNN kernel).
-            t = NATIVE_KEY_TILE
-            kt = F.pad(kt, (0, -tk % t))
-            self.kt_tiles = kt.view(b, kt.shape[1], -1, t).transpose(1, 2).contiguous()
+            self.key_tile = min(NATIVE_KEY_TILE, width)
+            sizes = {"rows": b * block * width, "work": 4 * width, "heads": b * block * heads * self.key_tile}
         else:
-            self.kt = F.pad(kt, (0, width - tk))
             sizes = {"heads": b * block * heads * width, "summed": b * block * width}
         for name, numel in sizes.items():
             self.scratch.reserve(name, numel)
@@ -229,45 +233,91 @@ class _Selector:
         scored = -(-qe // self.tile) * self.tile
         if self.lib is not None:
             return self._native_top(self.lib, index_q, weights, qs, qe, scored)
-        sc = index_scores(index_q, self.kt[:, :, :scored], weights, self.scale, self.score_dtype, self.scratch)
+        sc = index_scores(index_q, self._keys_t(qe, scored), weights, self.scale, self.score_dtype, self.scratch)
         sc[:, :, qe:] = float("-inf")  # padding keys and keys after the block's last query
         if self.plain:
             future = torch.ones(qe - qs, qe - qs, dtype=torch.bool, device=sc.device).triu_(1)
             sc[:, :, qs:qe].masked_fill_(future, float("-inf"))
         else:
             sc[:, :, :qe].masked_fill_(~self._visible(qs, qe), float("-inf"))
-        return _top_slots(sc, self.n_top)
+        out = _top_slots(sc, self.n_top)
+        # Rows whose k-th score is tied beyond the places left: torch.topk's choice over the whole key range.
+        ok = out >= 0
+        kth = sc.gather(-1, out.clamp(min=0)).masked_fill_(~ok, float("inf")).amin(-1, keepdim=True)
+        ambiguous = ((sc == kth).sum(-1) > ((sc.gather(-1, out.clamp(min=0)) == kth) & ok).sum(-1)) & ok.all(-1)
+        if bool(ambiguous.any()):
+            out[ambiguous] = self._tie_break(sc[ambiguous])
+        return out
+
+    def _keys_t(self, qe: int, scored: int) -> torch.Tensor:
+        """The transposed keys [B, Di, scored] of the torch-op path: a view of the first qe keys when no tile
+        rounding is needed (fp32: a decode step copies nothing), else of the zero-padded copy."""
+        if scored == qe:
+            return self.kt[:, :, :qe]
+        if self.padded is None:
+            self.padded = F.pad(self.kt, (0, -self.kt.shape[-1] % self.tile))
+        return self.padded[:, :, :scored]
 
     def _native_top(self, lib, index_q, weights, qs: int, qe: int, scored: int) -> torch.Tensor:
         """The same selection in C. The matmul stays oneDNN's, but one key tile at a time: a tile's per-head
-        scores ([Q*Hi, NATIVE_KEY_TILE]) stay in cache while the C sums them into each row's scores (fp32);
-        then each row is masked and top-k'd in C (one pass for the threshold sample, one to keep candidates)."""
+        scores ([Q*Hi, key_tile]) stay in cache while the C sums them into each row's scores (fp32); then each
+        row is masked and top-k'd in C (one pass for the threshold sample, one to keep candidates). A block of
+        few queries (a decode step) scores its keys in one matmul over the key view: no tiles, no copy."""
         b, nq, hi, di = index_q.shape
+        rows_n = b * nq  # after the matmul every (sequence, query) row is independent: one C call for all
         q = index_q.reshape(b, nq * hi, di).to(self.score_dtype)
         w = (weights.float() * self.scale).contiguous()  # relu(scale * x) = scale * relu(x): scale > 0
-        rows = self.scratch.take("rows", (b, nq, scored), torch.float32)
+        rows = self.scratch.take("rows", (rows_n, scored), torch.float32)
         if self.plain:  # query slot t sees the slots up to t
-            n_keys, visible = torch.arange(qs + 1, qe + 1).expand(b, nq).contiguous(), None
+            n_keys = torch.full((rows_n,), qe) if nq == 1 else torch.arange(qs + 1, qe + 1).repeat(b)
+            visible = None
         else:
-            n_keys, visible = torch.full((b, nq), qe), self._visible(qs, qe).to(torch.uint8).contiguous()
+            n_keys, visible = torch.full((rows_n,), qe), self._visible(qs, qe).to(torch.uint8).contiguous()
         is_bf16 = int(self.score_dtype == torch.bfloat16)
-        t = NATIVE_KEY_TILE
-        heads = self.scratch.take("heads", (b, nq * hi, t), self.score_dtype)
-        for c0 in range(0, scored, t):
-            torch.bmm(q, self.kt_tiles[:, c0 // t], out=heads)
-            for i in range(b):  # keys past n_keys (the tile's padding among them) are not read
-                lib.dsa_head_sum(ptr(heads[i]), is_bf16, nq, hi, t, ptr(w[i]), ptr(n_keys[i]), c0,
-                                 ptr(rows[i]), scored)
+        if nq <= FEW_QUERIES:
+            heads = torch.bmm(q, self.kt[:, :, :qe])  # [B, nq * Hi, qe]
+            lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, qe, ptr(w), ptr(n_keys), 0, ptr(rows), scored)
+        else:
+            t = self.key_tile
+            tiles = self._tiles()
+            heads = self.scratch.take("heads", (b, nq * hi, t), self.score_dtype)
+            for c0 in range(0, scored, t):  # keys past n_keys (the tile's padding among them) are not read
+                torch.bmm(q, tiles[:, c0 // t], out=heads)
+                lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, t, ptr(w), ptr(n_keys), c0, ptr(rows), scored)
         out = torch.empty(b, nq, self.n_top, dtype=torch.long, device=index_q.device)
         work = self.scratch.take("work", (4 * scored,), torch.float32)
+        tied = torch.empty(rows_n, dtype=torch.uint8)
         n_sample = int(PREFILTER_SLACK * self.n_top / PREFILTER_STRIDE)
-        for i in range(b):
-            lib.dsa_rows_topk(ptr(rows[i]), scored, nq, ptr(n_keys[i]), None if visible is None else ptr(visible[i]),
-                              qe, self.n_top, PREFILTER_STRIDE, n_sample, ptr(out[i]), self.n_top, ptr(work))
+        if lib.dsa_rows_topk(ptr(rows), scored, rows_n, ptr(n_keys), None if visible is None else ptr(visible), qe,
+                             self.n_top, PREFILTER_STRIDE, n_sample, ptr(out), self.n_top, ptr(work), ptr(tied)):
+            r = tied.bool().nonzero().squeeze(1)
+            beyond = torch.arange(scored)[None, :] >= n_keys[r, None]  # not written by the C: invisible
+            out.view(rows_n, -1)[r] = self._tie_break(rows[r].masked_fill(beyond, float("-inf")))
         return out
+
+    def _tie_break(self, sc: torch.Tensor) -> torch.Tensor:
+        """Slots of score rows sc [R, <= Tk] (-inf = invisible) whose k-th score is tied beyond the places left:
+        which tied keys win is then arbitrary, so the choice is torch.topk's over the whole key range (the
+        reference's, transformers', formulation: one row of Tk scores, -inf where invisible), so that a model
+        selects what transformers selects even with exact ties (relu zeros are common with few index heads)."""
+        full = F.pad(sc, (0, self.kt.shape[-1] - sc.shape[-1]), value=float("-inf"))
+        return _plain_top(full, self.n_top)
+
+    def _tiles(self) -> torch.Tensor:
+        """The keys cut into [B, tiles, Di, key_tile] (zero keys pad the last): each tile's matmul reads a
+        contiguous matrix (~25% faster than a strided slice) of one shape (one oneDNN kernel)."""
+        if self.tiles is None:
+            b, di, tk = self.kt.shape
+            t = self.key_tile
+            kt = F.pad(self.kt, (0, -tk % t))
+            self.tiles = kt.view(b, di, -1, t).transpose(1, 2).contiguous()
+        return self.tiles
 
     def _visible(self, qs: int, qe: int) -> torch.Tensor:
         """bool [B, qe - qs, qe]: which of the first qe slots each query slot in [qs, qe) may see."""
+        if self.plain:
+            ok = torch.arange(qe, device=self.kt.device)[None, :] <= torch.arange(qs, qe, device=self.kt.device)[:, None]
+            return ok.expand(self.kt.shape[0], -1, -1)
         kpos, valid = self.kpos, self.valid
         return allowed(_CAUSAL, kpos[:, qs:qe], valid[:, qs:qe], kpos[:, :qe], valid[:, :qe])
 
@@ -277,23 +327,39 @@ def gather_attention(q, k, v, topk_idx, *, scale: float | None = None,
     """Attention of each query over its own key slots topk_idx [B, Tq, K] (-1 = unused); [B, H, Tq, Dv].
 
     sorted_slots: the caller promises each row's slots ascend (-1s anywhere), which saves a sort.
+    v may be a view of k's leading channels (MLA's latent is both key and value): its rows are then gathered
+    once. q, k, v may be strided views (the model passes its [B, T, H, D] layout transposed, and cache views).
 
-    O(Tq x K) memory and FLOPs. Inference reads the selected rows in place (`_sparse_attend`; fp32 q and k,
-    v fp32 or bf16: the value sum then runs in bf16); with autograd the rows are gathered per query block and
-    scored with differentiable matmuls."""
+    O(Tq x K) memory and FLOPs. Inference with fp32 q and k and more than FEW_QUERIES queries reads the
+    selected rows in place, key-major (`_native_attend` in C, else `_sparse_attend`; v fp32 or bf16: the value
+    sum then runs in bf16). Autograd (training), reduced-precision q / k, and few queries (decode steps: one
+    batched gather beats per-sequence, per-head calls) gather the rows per query block and score them with
+    differentiable matmuls (`_gathered_attend`)."""
     check_qkv(q, k, v)
     b, h, tq, dk = q.shape
     tk = k.shape[2]
     if topk_idx.shape[:2] != (b, tq):
         raise ValueError(f"topk_idx has shape {tuple(topk_idx.shape)}, expected ({b}, {tq}, K)")
-    scale = dk ** -0.5 if scale is None else scale
-    if topk_idx.numel() and int(topk_idx.max()) >= tk:  # the native kernels would read past the cache
-        raise IndexError(f"topk_idx holds slot {int(topk_idx.max())}, but there are only {tk} keys")
+    lo, hi = torch.stack(torch.aminmax(topk_idx)).tolist() if topk_idx.numel() else (0, -1)
+    if hi >= tk:  # the native kernels would read past the cache
+        raise IndexError(f"topk_idx holds slot {hi}, but there are only {tk} keys")
+    return _attend_slots(q, k, v, topk_idx, dk ** -0.5 if scale is None else scale, budget_bytes, sorted_slots,
+                         complete=lo >= 0)
+
+
+def _attend_slots(q, k, v, topk_idx, scale: float, budget_bytes: int, sorted_slots: bool, complete: bool):
+    """gather_attention without its checks, for slots this module selected. complete: no slot is -1 anywhere
+    (a decode step without padding): nothing to mask or zero."""
+    b, h, tq, dk = q.shape
+    tk = k.shape[2]
     # A CSR row cannot hold more entries than the matrix has columns (padding entries repeat slot 0).
-    if needs_grad(q, k, v) or q.dtype != torch.float32 or k.dtype != torch.float32 or topk_idx.shape[-1] > tk:
-        out = _gathered_attend(q, k, v.to(q.dtype), topk_idx, scale, budget_bytes)
+    if (needs_grad(q, k, v) or tq <= FEW_QUERIES or q.dtype != torch.float32 or k.dtype != torch.float32
+            or topk_idx.shape[-1] > tk):
+        out = _gathered_attend(q, k, v, topk_idx, scale, budget_bytes, complete)
+        if complete:
+            return out
     else:
-        out = q.new_empty(b, h, tq, v.shape[-1])
+        out = _output_like(q, v.shape[-1])
         n_top = max(1, topk_idx.shape[-1])
         lib = dsa_kernels() if v.dtype == torch.float32 else None
         block = _pair_block(n_top, tq, budget_bytes, lib is not None)
@@ -330,11 +396,11 @@ def _sparse_attend(q, k, v, idx, ok, scale: float, sorted_slots: bool = False):
     by_key = torch.argsort(cols, stable=True)  # pair positions in key order
     to_query_major = torch.empty_like(by_key)
     to_query_major[by_key] = torch.arange(by_key.numel(), device=q.device)
-    key_rows = torch.zeros(tk + 1, dtype=torch.long, device=q.device)
-    torch.cumsum(torch.bincount(cols, minlength=tk), 0, out=key_rows[1:])
+    key_start = torch.zeros(tk + 1, dtype=torch.long, device=q.device)
+    torch.cumsum(torch.bincount(cols, minlength=tk), 0, out=key_start[1:])
     with warnings.catch_warnings():  # "sparse CSR support is in beta": the two ops used here are stable
         warnings.simplefilter("ignore")
-        pattern = torch.sparse_csr_tensor(key_rows, by_key // n_top, q.new_zeros(by_key.numel()), size=(tk, nq))
+        pattern = torch.sparse_csr_tensor(key_start, by_key // n_top, q.new_zeros(by_key.numel()), size=(tk, nq))
     offsets = torch.arange(0, nq * n_top, n_top, device=q.device)
     out = q.new_empty(h, nq, v.shape[-1])
     g = h // hkv
@@ -377,41 +443,119 @@ def _native_attend(lib, q, k, v, idx, scale: float, out) -> None:
         out.copy_(o)
 
 
-def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int):
-    """Differentiable path: gather each query block's k / v rows, then matmul + softmax + matmul."""
+def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int, complete: bool = False):
+    """Gather each query block's selected key (and value) rows for all sequences at once, then matmul +
+    softmax + matmul; differentiable. [B, H, Tq, Dv] in q's dtype; rows with no slot come out finite (the
+    caller zeroes them). complete: no slot is -1 (then nothing is masked). At most SMALL_ROWS (sequence, query)
+    rows in all (decode) without autograd compute in fp32 even for bf16 inputs: oneDNN's set-up for a bf16 bmm
+    this small costs more than converting the rows."""
     b, h, tq, dk = q.shape
     hkv, dv = k.shape[1], v.shape[-1]
-    g = h // hkv
-    n_top = topk_idx.shape[-1]
-    block = _block(4 * n_top * (hkv * (dk + dv) + 2 * h), tq, budget_bytes)
-    rows = []
+    g, n_top = h // hkv, topk_idx.shape[-1]
+    shared = _values_in_keys(k, v)
+    k_rows, k_stride = key_rows(k.transpose(1, 2))  # row b * S + n starts with k[b, :, n]
+    v_rows, v_stride = (k_rows, k_stride) if shared else key_rows(v.transpose(1, 2))
+    per_query = b * n_top * hkv * (dk + (0 if shared else dv)) * q.element_size() + 8 * b * h * n_top
+    block = _block(per_query, tq, min(budget_bytes, GATHER_BLOCK_BYTES))
+    qt = q.transpose(1, 2)  # [B, Tq, H, Dk]: the model's own layout, so usually a view
+    # Without autograd one gather buffer serves every block: fresh multi-MB allocations page-fault each time.
+    reuse = block < tq and not (torch.is_grad_enabled() and k_rows.requires_grad)
+    k_buf = k_rows.new_empty(b * block * n_top, k_rows.shape[1]) if reuse else None
+    work = torch.float32 if b * tq <= SMALL_ROWS and not torch.is_grad_enabled() else q.dtype
+    out = []
     for s in range(0, tq, block):
         e = min(tq, s + block)
+        n = e - s
         ix = topk_idx[:, s:e].long()
-        ok = ix >= 0  # [B, Q, K]
-        ix = ix.clamp(min=0)
-        per_seq = []
-        for i in range(b):
-            flat = ix[i].reshape(-1)
-            kg = k[i].index_select(1, flat).view(hkv, e - s, n_top, dk)
-            vg = v[i].index_select(1, flat).view(hkv, e - s, n_top, dv)
-            qg = q[i, :, s:e].reshape(hkv, g, e - s, dk).transpose(1, 2)  # [Hkv, Q, G, Dk]
-            sc = torch.matmul(qg, kg.transpose(-1, -2)) * scale  # [Hkv, Q, G, K]
-            sc = sc.masked_fill(~ok[i, None, :, None, :], float("-inf"))
-            o = torch.matmul(torch.softmax(sc, -1), vg)  # [Hkv, Q, G, Dv]
-            per_seq.append(o.transpose(1, 2).reshape(h, e - s, dv))
-        rows.append(torch.stack(per_seq))
-    return torch.cat(rows, 2)
+        unused = None if complete else ix < 0
+        ix = ix if complete else ix.clamp(min=0)
+        kg = _take_rows(k_rows, ix, k_stride, hkv * dk, k_buf).to(work)  # [B*n*K, Hkv*Dk]
+        vg = kg if shared else _take_rows(v_rows, ix, v_stride, hkv * dv).to(work)
+        if hkv == 1:  # MQA / MLA latent: one [H, Dk] x [Dk, K] product per query, no head axis on the keys
+            k3, v3 = kg.view(b * n, n_top, dk), vg.view(b * n, n_top, -1)[..., :dv]
+        else:
+            k3 = kg.view(b * n, n_top, hkv, dk).transpose(1, 2).reshape(b * n * hkv, n_top, dk)
+            v3 = vg.view(b * n, n_top, hkv, -1)[..., :dv].transpose(1, 2).reshape(b * n * hkv, n_top, dv)
+        q3 = qt[:, s:e].reshape(b * n * hkv, g, dk).to(work)
+        sc = torch.bmm(q3, k3.transpose(1, 2)).float().mul_(scale)  # [B*n*Hkv, G, K]
+        if unused is not None:
+            mask = unused.view(b * n, 1, n_top)
+            if hkv > 1:  # the rows are (sequence, query, key head)
+                mask = mask.repeat_interleave(hkv, 0)
+            # The most negative float, not -inf: a row with nothing selected stays finite (the caller zeroes it).
+            sc = sc.masked_fill_(mask, torch.finfo(torch.float32).min)
+        p = torch.softmax(sc, -1).to(work)
+        out.append(torch.bmm(p, v3).view(b, n, h, dv))
+    o = torch.cat(out, 1) if len(out) > 1 else out[0]
+    return o.to(q.dtype).transpose(1, 2)
+
+
+def _output_like(q, dv: int) -> torch.Tensor:
+    """An empty [B, H, Tq, dv] output in q's memory layout: a transposed view of [B, Tq, H, dv] when q is one
+    (the model's layout), so that the caller's transpose back is free."""
+    b, h, tq, _ = q.shape
+    if q.transpose(1, 2).is_contiguous():
+        return q.new_empty(b, tq, h, dv).transpose(1, 2)
+    return q.new_empty(b, h, tq, dv)
+
+
+def _values_in_keys(k, v) -> bool:
+    """Whether v is k's leading channels (same storage, same strides): one gather then serves both."""
+    return (v.dtype == k.dtype and v.shape[:3] == k.shape[:3] and v.stride() == k.stride()
+            and v.data_ptr() == k.data_ptr() and v.shape[-1] <= k.shape[-1])
+
+
+def _take_rows(rows, ix, stride: int, width: int, buf=None) -> torch.Tensor:
+    """rows [B*S, W] gathered at the slots ix [B, n, K] of each sequence: [B*n*K, width] (into buf's front)."""
+    offsets = torch.arange(0, ix.shape[0] * stride, stride, device=ix.device)[:, None, None]
+    flat = (ix + offsets).view(-1)
+    if buf is None:
+        return rows.index_select(0, flat)[:, :width]
+    return torch.index_select(rows, 0, flat, out=buf[: flat.numel()])[:, :width]
+
+
+def key_rows(k: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """k [B, N, ...] as a matrix of rows [B*S, W] in which row b*S + n starts with k[b, n] (its first
+    k[0, 0].numel() columns), and S.
+
+    Without copying when every k[b, n] is one contiguous run and batches are whole rows apart (a view of a
+    preallocated cache: S is its capacity and W its full row, which may hold more entries after the key);
+    otherwise a contiguous copy with S = N and W = the key width. Rows are gathered whole (index_select on
+    contiguous rows is a memcpy per row; on strided ones it is ~10x slower)."""
+    B, N = k.shape[:2]
+    width = math.prod(k.shape[2:])
+    if k.is_contiguous() or not (B and N):
+        return k.reshape(B * N, width), N
+    row = k.stride(1)
+    if _inner_contiguous(k) and row >= width and k.stride(0) % row == 0:
+        step = k.stride(0) // row
+        end = k.storage_offset() + B * step * row
+        if step >= N and end * k.element_size() <= k.untyped_storage().nbytes():
+            return k.as_strided((B * step, row), (row, 1)), step
+    return k.reshape(B * N, width), N
+
+
+def _inner_contiguous(k: torch.Tensor) -> bool:
+    """Whether each k[b, n] is one contiguous run (what k[b, n].is_contiguous() says, without the views)."""
+    expected = 1
+    for size, stride in zip(reversed(k.shape[2:]), reversed(k.stride()[2:])):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, index_scale=None,
-                  key_mask=None, key_pos=None, budget_bytes: int = DEFAULT_BUDGET,
-                  score_dtype=torch.float32, value_dtype=torch.float32) -> torch.Tensor:
+                  key_mask=None, key_pos=None, budget_bytes: int = DEFAULT_BUDGET, query_chunk: int | None = None,
+                  score_dtype=torch.float32, value_dtype=torch.float32, return_slots: bool = False):
     """Indexer top-k then attention over the selected keys, fused per query block: a block's indexer scores
     ([B, block, Hi, Tk]) exist only while it is processed, and the top-k slots only for the current chunk of
     a few blocks, so memory is O(block x N + chunk x k) (the top-k slots of the whole sequence alone would be
     Tq x k x 8 bytes: 1 GiB at 64K x 2048).
-    Blocks whose queries see at most `topk` keys skip the indexer: every visible key is selected. [B,H,Tq,Dv].
+    Blocks whose queries see at most `topk` keys skip the indexer: every visible key is selected. [B,H,Tq,Dv];
+    with return_slots, also the slots [B, Tq, min(topk, Tk)] (int32, -1 = none) for a layer that shares this
+    selection (`gather_attention`). query_chunk: queries per indexer block (default: sized from the budget).
+    Works with autograd through q, k, v (the selection itself is not differentiable).
     score_dtype / value_dtype = torch.bfloat16: indexer matmul / weighted value sum in bf16 (opt-in speed;
     the defaults keep the result equal to the dense-mask formulation within fp32 rounding)."""
     check_qkv(q, k, v)
@@ -422,23 +566,45 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
     tk, hi, di = k.shape[2], index_q.shape[2], index_q.shape[3]
     index_scale = _check_scale(di ** -0.5 if index_scale is None else index_scale)
     past = tk - tq
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    grad = needs_grad(q, k, v)
+    index_q, weights, index_k = index_q.detach(), weights.detach(), index_k.detach()  # the selection has no gradient
     select = _Selector(index_k, key_mask, key_pos, index_scale, topk, score_dtype,
-                       _block(4 * (hi + 2) * tk, tq, budget_bytes), hi)
+                       query_chunk or _block(4 * (hi + 2) * tk, tq, budget_bytes), hi)
     block, n_top = select.block, select.n_top
     # Attention runs on chunks of several indexer blocks: each head's keys are then reused by the whole chunk
     # while they are in cache; the chunk's selected pairs cost chunk x k x (NATIVE_)PAIR_BYTES.
-    native = dsa_kernels() is not None and value_dtype == torch.float32 and not needs_grad(q, k, v)
-    chunk = max(block, _pair_block(n_top, tq, budget_bytes, native) // block * block)
-    out = q.new_empty(b, h, tq, v.shape[-1])
-    v = v if needs_grad(q, k, v) else v.to(value_dtype)  # one O(N) cast, not one per block
+    native = dsa_kernels() is not None and value_dtype == torch.float32 and not grad
+    chunk = block if query_chunk else max(block, _pair_block(n_top, tq, budget_bytes, native) // block * block)
+    if value_dtype != torch.float32 and not grad:
+        v = v.to(value_dtype)  # one O(N) cast, not one per block
+    single = chunk >= tq  # one chunk: its output (and its slots) are the result
+    # The slots a shared layer reuses are kept as int32: [B, Tq, k] of them (64 MiB at 64K x 128 in int64).
+    slots = None if not return_slots or single else torch.full((b, tq, n_top), -1, dtype=torch.int32, device=q.device)
+    out = [] if grad or single else _output_like(q, v.shape[-1])  # autograd: chunks concatenated, no in-place writes
     for c in range(0, tq, chunk):
         ce = min(tq, c + chunk)
         qe = past + ce  # the chunk only ever sees keys up to its last query
-        idx = torch.full((b, ce - c, min(n_top, qe)), -1, dtype=torch.long, device=q.device)
-        for s in range(c, ce, block):
-            e = min(ce, s + block)
-            sel = select(index_q[:, s:e], weights[:, s:e], past + s, past + e)
-            idx[:, s - c:e - c, :sel.shape[-1]] = sel
-        out[:, :, c:ce] = gather_attention(q[:, :, c:ce], k[:, :, :qe], v[:, :, :qe], idx, scale=scale,
-                                           budget_bytes=budget_bytes, sorted_slots=True)
-    return out
+        with torch.no_grad():
+            if ce - c <= block:  # one block (a decode step): its selection is the chunk's
+                idx = select(index_q[:, c:ce], weights[:, c:ce], past + c, qe)
+            else:
+                idx = torch.full((b, ce - c, min(n_top, qe)), -1, dtype=torch.long, device=q.device)
+                for s in range(c, ce, block):
+                    e = min(ce, s + block)
+                    sel = select(index_q[:, s:e], weights[:, s:e], past + s, past + e)
+                    idx[:, s - c:e - c, :sel.shape[-1]] = sel
+        if return_slots and single:
+            slots = F.pad(idx, (0, n_top - idx.shape[-1]), value=-1).to(torch.int32)
+        elif return_slots:
+            slots[:, c:ce, :idx.shape[-1]] = idx
+        # Every query past the first n_top slots of a sequence without padding sees n_top keys: no slot unused.
+        complete = select.plain and past + c >= n_top or bool((idx >= 0).all())
+        o = _attend_slots(q[:, :, c:ce], k[:, :, :qe], v[:, :, :qe], idx, scale, budget_bytes, True, complete)
+        if isinstance(out, list):
+            out.append(o)
+        else:
+            out[:, :, c:ce] = o
+    if isinstance(out, list):
+        out = torch.cat(out, 2) if len(out) > 1 else out[0]
+    return (out, slots) if return_slots else out

@@ -10,7 +10,7 @@ The agent-facing API is `CodeIndex`:
 Attributes are resolved lazily so `import openglm.retrieval` stays cheap (no FAISS, no torch).
 """
 
-from openglm._lazy import lazy_exports
+from openglm.util.lazy import lazy_exports
 
 _EXPORTS = {
     "CodeIndex": "openglm.retrieval.code_index",

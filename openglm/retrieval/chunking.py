@@ -14,13 +14,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .spans import SKIP_DIRS, CodeSpan, definitions
+
 # Files worth indexing; anything else (images, archives, lock files...) is skipped.
 TEXT_SUFFIXES = {
     ".py", ".pyi", ".md", ".rst", ".txt", ".toml", ".cfg", ".ini", ".yaml", ".yml", ".json",
     ".sh", ".c", ".h", ".cc", ".cpp", ".hpp", ".cu", ".js", ".ts", ".go", ".rs", ".java", ".sql",
 }
-SKIP_DIRS = {".git", ".hg", ".svn", ".venv", "venv", "__pycache__", "node_modules", ".bench",
-             ".pytest_cache", ".mypy_cache", "build", "dist", ".tox", ".openglm-index"}
 MAX_FILE_BYTES = 1_000_000
 WINDOW_LINES = 40  # line-window chunk size for non-Python text
 WINDOW_STRIDE = 30  # overlap of 10 lines so a match near a boundary is not cut in half
@@ -28,17 +28,10 @@ MAX_CHUNK_LINES = 200  # longer definitions are split so lexical matches stay lo
 
 
 @dataclass(frozen=True)
-class Chunk:
-    path: str  # relative to the repository root, '/'-separated
-    start_line: int  # 1-based, inclusive
-    end_line: int  # 1-based, inclusive
-    kind: str  # function | method | class | module | text
-    name: str  # qualified name for Python definitions, '' otherwise
-    text: str
+class Chunk(CodeSpan):
+    """A span with its text (definitions start at their first decorator)."""
 
-    @property
-    def span(self) -> str:
-        return f"{self.path}:{self.start_line}-{self.end_line}"
+    text: str
 
     def embed_text(self) -> str:
         """What the embedder and BM25 see: location and name first, then the code."""
@@ -122,17 +115,17 @@ def _gaps(path, lines, covered, lo, hi, kind, name) -> list[Chunk]:
     return chunks
 
 
-def _walk_body(path, lines, body, prefix, in_class) -> tuple[list[Chunk], list[tuple[int, int]]]:
-    """Chunks of the definitions in `body` and the line ranges they cover."""
+def _walk_body(path, lines, defs) -> tuple[list[Chunk], list[tuple[int, int]]]:
+    """Chunks of the definitions `defs` (one body's) and the line ranges they cover."""
     chunks, covered = [], []
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            kind = "method" if in_class else "function"
-            chunks += _definition(path, lines, node, prefix + node.name, kind)
+    for d in defs:
+        node = d.node
+        if d.kind != "class":
+            chunks += _definition(path, lines, node, d.qualname, d.kind)
             covered.append((_first_line(node), node.end_lineno))
-        elif isinstance(node, ast.ClassDef):
-            qual = prefix + node.name
-            inner, inner_cov = _walk_body(path, lines, node.body, qual + ".", True)
+        else:
+            qual = d.qualname
+            inner, inner_cov = _walk_body(path, lines, d.members)
             start = _first_line(node)
             # The class chunk: header, docstring and class-level statements before the first
             # member definition; members get their own chunks, statements between them too.
@@ -149,7 +142,7 @@ def _walk_body(path, lines, body, prefix, in_class) -> tuple[list[Chunk], list[t
 def chunk_python(path: str, text: str) -> list[Chunk]:
     tree = ast.parse(text)
     lines = text.splitlines()
-    chunks, covered = _walk_body(path, lines, tree.body, "", False)
+    chunks, covered = _walk_body(path, lines, definitions(tree.body, blocks=False))
     # Module-level code between definitions (imports, constants, module docstring, scripts).
     chunks += _gaps(path, lines, covered, 1, len(lines), "module", "")
     return sorted(chunks, key=lambda c: (c.start_line, c.end_line))

@@ -33,7 +33,7 @@ def register(subparsers):
 def _build(args) -> int:
     from dataclasses import asdict
 
-    from .code_index import CodeIndex
+    from .code_index import CodeIndex  # FAISS + torch: loaded when the command runs
     from .embedder import Embedder
 
     try:
@@ -52,7 +52,7 @@ def _build(args) -> int:
 
 
 def _search(args) -> int:
-    from .code_index import CodeIndex
+    from .code_index import CodeIndex  # FAISS + torch: loaded when the command runs
 
     try:
         hits = CodeIndex.open(args.path).search(args.query, args.k, mode=args.mode)

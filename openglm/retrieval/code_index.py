@@ -19,10 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from openglm.util.files import write_atomic
+
 from .chunking import Chunk, chunk_file, content_hash, decode_text, iter_source_files
 from .embedder import Embedder, EmbedderIdentity, check_identity
 from .lexical import BM25Index, reciprocal_rank_fusion
-from .vector import VectorConfig, VectorIndex, ladder_config, write_atomic
+from .vector import VectorConfig, VectorIndex, ladder_config
 
 INDEX_DIRNAME = ".openglm-index"
 FORMAT_VERSION = 1
@@ -33,19 +35,11 @@ MODES = ("hybrid", "dense", "bm25")
 FUSION_WEIGHTS = (0.5, 1.0)
 
 
-@dataclass
-class Hit:
-    path: str
-    start_line: int
-    end_line: int
-    kind: str
-    name: str
-    score: float
-    text: str
+@dataclass(frozen=True)
+class Hit(Chunk):
+    """A chunk a search found, with its score (higher is better)."""
 
-    @property
-    def location(self) -> str:
-        return f"{self.path}:{self.start_line}-{self.end_line}"
+    score: float
 
     def to_dict(self) -> dict:
         return {**asdict(self), "location": self.location}

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from openglm.util.files import write_atomic
+
 from .chunking import Chunk, chunk_file, decode_text, iter_source_files
-from .vector import write_atomic
 
 SHARD = 4096
 
@@ -50,7 +51,7 @@ def collect_chunks(roots: list[Path], limit: int, seed: int = 0) -> list[Chunk]:
 
 
 def build(out: Path, limit: int, max_seq_length: int = 32, roots: list[Path] | None = None) -> int:
-    from tqdm import tqdm
+    from tqdm import tqdm  # the embedder (torch) loads only when embedding
 
     from .embedder import Embedder
 

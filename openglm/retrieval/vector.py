@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import faiss
 import numpy as np
+
+from openglm.util.files import write_atomic
+from openglm.util.strict import check_keys
 
 
 @dataclass(frozen=True)
@@ -60,10 +63,7 @@ class VectorConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "VectorConfig":
-        known = {f.name for f in fields(cls)}
-        bad = sorted(set(d) - known)
-        if bad:
-            raise ValueError(f"unknown VectorConfig field(s) {bad}; known: {sorted(known)}")
+        check_keys(d, cls, "VectorConfig field(s)")
         return cls(**d)
 
 
@@ -341,9 +341,3 @@ class VectorIndex:
                              f"vectors, the store {int(self.alive.sum())}")
         return self
 
-
-def write_atomic(path: Path, write) -> None:
-    """`write(tmp)` then rename over `path`: readers never see a half-written file."""
-    tmp = path.with_name(path.name + ".tmp" + path.suffix)
-    write(tmp)
-    os.replace(tmp, path)

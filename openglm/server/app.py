@@ -20,11 +20,12 @@ from openglm.server.errors import APIError, validation_message
 from openglm.server.metrics import ServerMetrics
 from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
 from openglm.server.serving import OpenAIServing
+from openglm.server.status_page import register as register_status_page
 
 def create_app(engine, model_name: str, api_key: str | None = None, max_queue: int | None = None) -> FastAPI:
     metrics = ServerMetrics()
     async_engine = AsyncEngine(engine, max_queue or engine.config.max_queue, metrics)
-    vocab = getattr(engine.runner.model.config, "vocab_size", None) or engine.tokenizer.vocab_size
+    vocab = getattr(engine.model_config, "vocab_size", None) or engine.tokenizer.vocab_size
     serving = OpenAIServing(async_engine, engine.tokenizer, model_name, engine.max_model_len, vocab)
     metrics.observe_engine(engine)
 
@@ -99,4 +100,5 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_queue: i
         return await serving.chat(req, request)
 
     app.include_router(v1)
+    register_status_page(app, metrics, v1.dependencies)  # /status page, its data at /v1/status
     return app

@@ -120,6 +120,7 @@ class AsyncEngine:
         m.e2e.observe(time.monotonic() - t["arrival_time"])
         m.prompt_tokens.inc(len(out.prompt_token_ids))
         for c in out.outputs:
+            m.observe_itl(t, len(c.token_ids))
             m.gen_tokens.inc(len(c.token_ids))
             m.requests.labels(finish_reason=c.finish_reason or "unknown").inc()
 
@@ -141,8 +142,7 @@ class AsyncEngine:
 
     def _recover(self) -> None:
         """After a failed step nothing may hold blocks: abort everything that is left."""
-        for rid in list(self.engine.requests):
-            self.engine.abort(rid)
+        self.engine.abort_all()
 
 
 class RequestStream:

@@ -42,7 +42,7 @@ def serve(args) -> int:
     if args.config is not None or args.checkpoint is None:
         return _serve_config(args)
 
-    import torch
+    import torch  # heavy: loaded when serving, `openglm --help` stays fast
     import uvicorn
 
     from openglm.engine import EngineConfig, LLMEngine

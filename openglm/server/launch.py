@@ -13,10 +13,10 @@ import torch.distributed as dist
 from openglm.engine import EngineConfig, LLMEngine
 from openglm.engine.model_runner import ModelRunner
 from openglm.engine.parallel import BroadcastingModelRunner, follow_steps, shard_for_serving
-from openglm.model.checkpoint import read_config
+from openglm.model.checkpoint import read_config, resolve_checkpoint
 from openglm.model.parallel import check_serving_layout
 from openglm.server.deploy_config import DeployConfig
-from openglm.train.checkpoint import resolve_checkpoint
+
 
 IDLE_TIMEOUT = timedelta(days=365)  # followers wait in a broadcast between requests: never time them out
 

@@ -16,6 +16,8 @@ import os
 
 import pytest
 
+from openglm.util.files import write_atomic
+
 _results: dict[str, dict] = {}
 _cov = None
 
@@ -24,7 +26,7 @@ def pytest_configure(config):
     global _cov
     data_file = os.environ.get("OPENGLM_COV_DATA")
     if data_file and _cov is None:
-        import coverage
+        import coverage  # optional: only when per-test coverage is asked for
 
         source = [s for s in os.environ.get("OPENGLM_COV_SOURCE", "").split(os.pathsep) if s]
         _cov = coverage.Coverage(data_file=data_file, source=source or [str(config.rootpath)],
@@ -57,7 +59,4 @@ def pytest_sessionfinish(session, exitstatus):
         _cov = None
     path = os.environ.get("OPENGLM_RESULTS")
     if path:
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(_results, f)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(_results))

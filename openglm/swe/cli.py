@@ -9,13 +9,14 @@ import json
 import sys
 from pathlib import Path
 
+from openglm.agent.cli import add_model_flags, model_spec_from_args
+from openglm.util.files import write_atomic
+
 
 def _emit(data: dict, out: str | None) -> None:
     text = json.dumps(data, indent=2)
     if out:
-        tmp = Path(out).with_suffix(Path(out).suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(out)
+        write_atomic(out, text)
     else:
         print(text)
 
@@ -30,7 +31,7 @@ def _read_issue(args) -> str:
 
 def _selected_instances(args) -> list[dict]:
     """--instances, narrowed to --instance-ids when given."""
-    from openglm.swe.harness.instances import load_instances
+    from openglm.swe.harness.instances import load_instances  # each command loads its own modules when it runs
 
     instances = load_instances(args.instances)
     if args.instance_ids:
@@ -40,7 +41,7 @@ def _selected_instances(args) -> list[dict]:
 
 
 def cmd_localize(args) -> int:
-    from openglm.swe.localize import LocalizeConfig, localize
+    from openglm.swe.localize import LocalizeConfig, localize  # loaded when the command runs
 
     config = LocalizeConfig(scope=args.scope, top=args.top, pythonpath=args.pythonpath)
     result = localize(args.repo, args.failing or [], issue=_read_issue(args), config=config)
@@ -49,7 +50,7 @@ def cmd_localize(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from openglm.swe.verify import VerifyConfig, verify
+    from openglm.swe.verify import VerifyConfig, verify  # loaded when the command runs
 
     result = verify(args.repo, files=args.files, tests=args.tests or [],
                     config=VerifyConfig(runner=args.runner, timeout=args.timeout, pythonpath=args.pythonpath))
@@ -58,7 +59,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_bisect(args) -> int:
-    from openglm.swe.bisect import bisect
+    from openglm.swe.bisect import bisect  # loaded when the command runs
 
     result = bisect(args.repo, args.good, args.cmd, bad=args.bad)
     _emit(result, args.json)
@@ -66,7 +67,7 @@ def cmd_bisect(args) -> int:
 
 
 def cmd_repomap(args) -> int:
-    from openglm.swe.repomap import render, repo_map
+    from openglm.swe.repomap import render, repo_map  # loaded when the command runs
 
     m = repo_map(args.repo)
     if args.text:
@@ -77,7 +78,7 @@ def cmd_repomap(args) -> int:
 
 
 def cmd_swe_eval(args) -> int:
-    from openglm.swe.harness import HarnessConfig, run_evaluation
+    from openglm.swe.harness import HarnessConfig, run_evaluation  # loaded when the command runs
     from openglm.swe.harness.instances import load_predictions
 
     instances = _selected_instances(args)
@@ -92,9 +93,9 @@ def cmd_swe_eval(args) -> int:
 
 
 def cmd_swe_gen(args) -> int:
-    from openglm.swe.gen.generate import GenConfig, export_queries, generate
+    from openglm.swe.gen.generate import GenConfig, export_queries, generate  # loaded when the command runs
     from openglm.swe.gen.packages import by_name
-    from openglm.swe.harness.instances import load_instances
+    from openglm.swe.harness.instances import load_instances  # each command loads its own modules when it runs
 
     config = GenConfig(out_dir=Path(args.out), per_package=args.per_package, seed=args.seed)
     path = generate(by_name(args.packages), config)
@@ -105,16 +106,11 @@ def cmd_swe_gen(args) -> int:
 
 
 def cmd_swe_solve(args) -> int:
-    import os
-
-    from openglm.swe.solve import SolveConfig, solve
+    from openglm.swe.solve import SolveConfig, solve  # the agent runtime: loaded when the command runs
 
     instances = _selected_instances(args)
-    if args.replay:
-        model = {"replay": args.replay}
-    elif args.model_url and args.model:
-        model = {"base_url": args.model_url, "model": args.model, "api_key": os.environ.get(args.api_key_env)}
-    else:
+    model = model_spec_from_args(args)
+    if model is None:
         raise SystemExit("swe-solve needs --model-url and --model (an OpenAI-compatible endpoint) or --replay")
     config = SolveConfig(out_dir=Path(args.out), repos_dir=Path(args.repos_dir), model=model,
                          model_name=args.model or "replay", timeout=args.timeout, reveal_tests=args.reveal_tests)
@@ -175,10 +171,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("swe-solve", help="run the four-phase SWE policy on instances -> predictions")
     p.add_argument("--instances", required=True)
-    p.add_argument("--model-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--model", help="model name at --model-url")
-    p.add_argument("--api-key-env", default="OPENGLM_MODEL_API_KEY", help="env var holding the API key")
-    p.add_argument("--replay", help="a replay script (JSONL of assistant turns) instead of a model")
+    add_model_flags(p)
     p.add_argument("--out", default="runs/swe-solve")
     p.add_argument("--repos-dir", default=".bench/swe-gen/repos")
     p.add_argument("--timeout", default="60m", help="per instance, e.g. 60m")

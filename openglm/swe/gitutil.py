@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import subprocess
 from pathlib import Path
@@ -48,8 +49,6 @@ def commit_file_change(repo: str | Path, parent: str, rel: str, text: str, messa
 
 def unified_diff(rel: str, before: str, after: str) -> str:
     """A git-style patch turning `before` into `after` for file `rel` ("" when equal)."""
-    import difflib
-
     if before == after:
         return ""
     body = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),

@@ -9,7 +9,7 @@ import configparser
 import re
 from pathlib import Path
 
-from openglm.swe.code import CodeIndex, is_test_path
+from openglm.retrieval.spans import FunctionIndex, is_test_path
 
 DEPENDENCY_FILES = ("pyproject.toml", "setup.cfg", "setup.py", "requirements.txt", "requirements-dev.txt",
                     "Pipfile", "environment.yml", "tox.ini")
@@ -24,7 +24,7 @@ def module_name(rel: str) -> str:
     return ".".join(parts)
 
 
-def import_graph(index: CodeIndex) -> dict[str, set[str]]:
+def import_graph(index: FunctionIndex) -> dict[str, set[str]]:
     """{module: internal modules it imports}; relative imports resolved, externals dropped."""
     modules = {module_name(rel): rel for rel in index.sources}
     graph: dict[str, set[str]] = {}
@@ -72,13 +72,13 @@ def dependants(graph: dict[str, set[str]], changed: set[str]) -> set[str]:
     return seen
 
 
-def callers(index: CodeIndex, names: set[str]) -> list[str]:
+def callers(index: FunctionIndex, names: set[str]) -> list[str]:
     """Functions whose body calls one of `names` (by bare name or attribute: a name-based call graph)."""
     out = []
     for rel, fns in index.functions.items():
         lines = index.sources[rel].splitlines()
         for f in fns:
-            body = "\n".join(lines[f.start:f.end])
+            body = "\n".join(lines[f.start_line:f.end_line])
             if any(re.search(rf"\b{re.escape(n)}\s*\(", body) for n in names):
                 out.append(f.key)
     return out
@@ -88,7 +88,7 @@ def entry_points(repo: Path) -> list[str]:
     found = []
     pyproject = repo / "pyproject.toml"
     if pyproject.exists():
-        import tomllib
+        import tomllib  # stdlib from Python 3.11 on; the project supports 3.10
 
         try:
             data = tomllib.loads(pyproject.read_text())
@@ -110,7 +110,7 @@ def entry_points(repo: Path) -> list[str]:
 
 def repo_map(repo: str | Path, max_files: int = 300) -> dict:
     repo = Path(repo).resolve()
-    index = CodeIndex(repo)
+    index = FunctionIndex(repo)
     files = sorted(index.sources)
     readme = next((p for p in sorted(repo.glob("README*")) if p.is_file()), None)
     graph = import_graph(index)
@@ -131,7 +131,7 @@ def repo_map(repo: str | Path, max_files: int = 300) -> dict:
 
 def impact(repo: str | Path, changed: dict[str, list[str]]) -> dict:
     """changed = {file: [function qualnames]}; returns what else the change can affect."""
-    index = CodeIndex(Path(repo).resolve())
+    index = FunctionIndex(Path(repo).resolve())
     graph = import_graph(index)
     mods = {module_name(f) for f in changed}
     users = dependants(graph, mods)

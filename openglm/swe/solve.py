@@ -16,17 +16,23 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from openglm.swe.code import is_test_path
+from openglm.agent import service
+from openglm.agent.config import AgentConfig
+from openglm.agent.llm import ModelSpec
+from openglm.agent.store.sqlite_store import SQLiteStore
+from openglm.agent.worker import Worker
+from openglm.retrieval.spans import is_test_path
 from openglm.swe.gitutil import git
 from openglm.swe.harness.env import checkout
 from openglm.swe.harness.instances import load_predictions
+from openglm.swe.policy import factory
 
 
 @dataclass
 class SolveConfig:
     out_dir: Path = Path("runs/swe-solve")
     repos_dir: Path = Path(".bench/swe-gen/repos")
-    model: dict | None = None  # {"base_url", "model", "api_key"} or {"replay": path}
+    model: ModelSpec | None = None
     model_name: str = "openglm-swe-policy"
     timeout: str = "60m"
     reveal_tests: bool = False  # tell the agent the FAIL_TO_PASS ids (off: SWE-bench does not)
@@ -48,17 +54,11 @@ def prediction_patch(workspace: Path, base: str, keep_tests: bool) -> str:
 
 
 def solve_instance(instance: dict, config: SolveConfig, policy_factory=None) -> dict:
-    from openglm.agent import service
-    from openglm.agent.config import AgentConfig
-    from openglm.agent.policy import factory
-    from openglm.agent.store.sqlite_store import SQLiteStore
-    from openglm.agent.worker import Worker
-
     root = config.out_dir / instance["instance_id"]
     workspace = root / "repo"
     if not workspace.exists():
         checkout(instance, config.repos_dir, workspace)
-    agent_config = AgentConfig(data_dir=str(root / "agent"), model=config.model or {})
+    agent_config = AgentConfig(data_dir=str(root / "agent"), model=config.model)
     store = SQLiteStore(str(root / "agent.db"))
     try:
         tasks = store.list_tasks()  # a rerun after an interruption continues the same task

@@ -130,7 +130,7 @@ def run_unittest(repo: str | Path, targets: list[str], *, python: str = sys.exec
 
 def per_test_lines(coverage_file: str) -> dict[str, dict[str, set[int]]]:
     """{file: {nodeid: executed lines}} from a coverage data file recorded by the plugin."""
-    import coverage
+    import coverage  # optional: only to read per-test coverage
 
     data = coverage.CoverageData(basename=coverage_file)
     data.read()

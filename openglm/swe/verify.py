@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from openglm.swe.code import python_files
+from openglm.retrieval.spans import python_files
 from openglm.swe.testrun import run_pytest, run_unittest
 
 
@@ -45,7 +46,7 @@ def compile_check(repo: Path, files: list[str]) -> list[dict]:
 
 
 def pyflakes_check(repo: Path, files: list[str]) -> list[dict]:
-    from pyflakes.api import check
+    from pyflakes.api import check  # only when Pyflakes runs
     from pyflakes.reporter import Reporter
 
     messages = []
@@ -61,8 +62,6 @@ def pyflakes_check(repo: Path, files: list[str]) -> list[dict]:
 
 def detect_runner() -> str:
     """pytest (which also runs unittest suites) when it is installed, else unittest."""
-    import importlib.util
-
     return "pytest" if importlib.util.find_spec("pytest") else "unittest"
 
 

@@ -6,7 +6,7 @@
 Imports are lazy so `openglm --help` stays fast.
 """
 
-from openglm._lazy import lazy_exports
+from openglm.util.lazy import lazy_exports
 
 _EXPORTS = {
     "TrainConfig": "openglm.train.config",

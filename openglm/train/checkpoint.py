@@ -18,11 +18,10 @@ from pathlib import Path
 
 import torch
 
+from openglm.model.errors import CheckpointError
+from openglm.util.files import replace_dir, write_atomic
+
 STATE_FILE = "trainer_state.pt"
-
-
-class CheckpointError(ValueError):
-    """No checkpoint where one was expected, or one that does not fit the current run."""
 
 
 def save_checkpoint(out_dir: str | os.PathLike, step: int, model, trainer_state: dict, tokenizer=None,
@@ -41,27 +40,13 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, model, trainer_state:
         if before_commit is not None:
             before_commit(tmp)
         _fsync_dir(tmp)
-        _replace_dir(tmp, final)
-        _write_pointer(root / "latest", final.name)
+        replace_dir(tmp, final)
+        write_atomic(root / "latest", final.name + "\n", fsync=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _prune(root, keep)
     return final
-
-
-def resolve_checkpoint(path: str | os.PathLike) -> Path:
-    """A checkpoint folder from a step folder, a run folder, or its checkpoints/ folder."""
-    p = Path(path)
-    if (p / "config.json").is_file():
-        return p
-    for pointer in (p / "checkpoints" / "latest", p / "latest"):
-        if pointer.is_file():
-            target = pointer.parent / pointer.read_text().strip()
-            if (target / "config.json").is_file():
-                return target
-            raise CheckpointError(f"{pointer} points at {target}, which is not a complete checkpoint")
-    raise CheckpointError(f"no checkpoint at {p} (expected config.json, or checkpoints/latest in a run folder)")
 
 
 def load_trainer_state(ckpt: Path) -> dict:
@@ -82,26 +67,6 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Rename src to dst, replacing an existing dst (a re-saved step) without a window where neither exists."""
-    if dst.exists():
-        old = dst.with_name(f".old-{dst.name}-{os.getpid()}")
-        os.replace(dst, old)
-        os.replace(src, dst)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(src, dst)
-
-
-def _write_pointer(path: Path, name: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -56,7 +56,7 @@ def register(subparsers) -> None:
 
 
 def _train_config(args):
-    from openglm.model.cli import parse_override
+    from openglm.model.cli import parse_override  # torch: loaded when the command runs, `openglm --help` stays fast
     from openglm.train.config import RECIPES, TrainConfig
 
     values = dict(RECIPES[args.recipe]) if args.recipe else {}
@@ -74,7 +74,7 @@ def _train_config(args):
 
 def _train(args) -> int:
     def run():
-        from openglm.train.trainer import train
+        from openglm.train.trainer import train  # torch: loaded when the command runs
 
         cfg = _train_config(args)
         result = train(cfg, resume=args.resume)
@@ -88,9 +88,8 @@ def _train(args) -> int:
 
 def _generate(args) -> int:
     def run():
-        from openglm import load_model
+        from openglm.model.checkpoint import load_model, resolve_checkpoint  # torch: loaded when the command runs
         from openglm.tokenizer import load_tokenizer
-        from openglm.train.checkpoint import resolve_checkpoint
         from openglm.train.generate import generate
 
         ckpt = resolve_checkpoint(args.checkpoint)
@@ -105,7 +104,7 @@ def _generate(args) -> int:
 
 def _demo(args) -> int:
     def run():
-        from openglm.train.demo import TRAIN_SECONDS, run_demo
+        from openglm.train.demo import TRAIN_SECONDS, run_demo  # torch: loaded when the command runs
 
         extra = {"threads": args.threads} if args.threads else {}
         run_demo(args.out, steps=args.steps, train_seconds=args.train_seconds or TRAIN_SECONDS,
@@ -116,8 +115,8 @@ def _demo(args) -> int:
 
 def _guarded(fn) -> int:
     """Known input problems print one clear line instead of a traceback."""
-    from openglm.tokenizer import TokenizerError
-    from openglm.train.checkpoint import CheckpointError
+    from openglm.tokenizer import TokenizerError  # the error types live beside torch code: loaded when a command runs
+    from openglm.model.errors import CheckpointError
     from openglm.train.data import CorpusError
     from openglm.train.prepare import TrainSetupError
     from openglm.train.trainer import TrainingDiverged

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from openglm.util.strict import from_dict
+
 
 @dataclass
 class TrainConfig:
@@ -61,11 +63,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig fields: {unknown}")
-        return cls(**d)
+        return from_dict(cls, d, "TrainConfig field(s)")
 
     def replace(self, **changes) -> "TrainConfig":
         return dataclasses.replace(self, **changes)

@@ -112,7 +112,7 @@ def split_documents(docs: list[Document], val_fraction: float = 0.05) -> tuple[l
 
 def tokenize_documents(docs: list[Document], tokenizer, progress: bool = False) -> np.ndarray:
     """One flat int32 token stream: every document followed by eos."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # only for a progress bar
 
     eos = tokenizer.eos_id
     parts, chunk = [], 64

@@ -23,7 +23,7 @@ def run_demo(out_dir: str = "runs/demo", steps: int | None = None, train_seconds
     (a full warmup + cosine schedule either way); a hard stop at 1.5x guards against a machine that
     slows down mid-run.
     """
-    from openglm.train.data import unigram_loss
+    from openglm.train.data import unigram_loss  # torch: loaded when the demo runs
     from openglm.train.generate import generate
     from openglm.train.trainer import Trainer
 
@@ -64,7 +64,7 @@ def run_demo(out_dir: str = "runs/demo", steps: int | None = None, train_seconds
 
 def calibrate_steps(trainer, seconds: float, cap: int, floor: int = 20) -> int:
     """Steps that fit in `seconds`, from timing forward+backward on one batch (data position restored)."""
-    import torch
+    import torch  # heavy: loaded when the demo runs
 
     cfg = trainer.cfg
     position = trainer.batcher.state_dict()

@@ -21,7 +21,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from openglm.train.checkpoint import CheckpointError, save_checkpoint
+from openglm.model.errors import CheckpointError
+from openglm.train.checkpoint import save_checkpoint
 from openglm.train.parallelize import TrainParallel
 
 DCP_DIR = "distributed"

@@ -8,20 +8,8 @@ from __future__ import annotations
 
 import torch
 
-
-def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Mask (to -inf) all but the top-k logits and the smallest set whose probability reaches top_p."""
-    logits = logits.float().clone()
-    if top_k and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits[logits < kth] = float("-inf")
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        probs = sorted_logits.softmax(-1)
-        before = probs.cumsum(-1) - probs  # probability mass strictly before each token
-        sorted_logits[before >= top_p] = float("-inf")  # the top token always survives (before == 0)
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return logits
+from openglm.model.cache import DynamicCache
+from openglm.model.sampling import filter_logits
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -37,8 +25,6 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, 
 def generate_ids(model, prompt_ids: list[int], max_new_tokens: int = 128, temperature: float = 0.8,
                  top_k: int = 50, top_p: float = 0.95, seed: int = 0, stop_ids=(), on_token=None) -> list[int]:
     """Generated token ids (without the prompt); stops early on any of `stop_ids`."""
-    from openglm.model.cache import DynamicCache
-
     if not prompt_ids:
         raise ValueError("generation needs a non-empty prompt")
     device = next(model.parameters()).device

@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from openglm.train.telemetry import read_metrics
+from openglm.util.files import write_atomic
 
 
 def plot_run(run_dir: str | os.PathLike) -> list[Path]:
     """Write loss.png and expert_load.png into `run_dir`; returns the files written."""
-    import matplotlib
+    import matplotlib  # optional and slow to import: only when plotting
 
     matplotlib.use("Agg")  # no display on servers
     run_dir = Path(run_dir)
@@ -29,7 +30,7 @@ def plot_run(run_dir: str | os.PathLike) -> list[Path]:
 
 
 def _plot_loss(train: list[dict], val: list[dict], path: Path) -> Path:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # slow to import: only when plotting
 
     fig, ax = plt.subplots(figsize=(7, 4))
     if train:
@@ -49,7 +50,7 @@ def _plot_loss(train: list[dict], val: list[dict], path: Path) -> Path:
 
 def _plot_expert_load(loads: list[dict], path: Path) -> Path:
     """Snapshots (start, ..., end) of each layer's per-expert token share, plus load CV over time."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # slow to import: only when plotting
 
     picks = sorted(set(np.linspace(0, len(loads) - 1, num=min(4, len(loads))).round().astype(int)))
     fig, axes = plt.subplots(1, len(picks) + 1, figsize=(3.2 * (len(picks) + 1), 3.6))
@@ -73,10 +74,8 @@ def _plot_expert_load(loads: list[dict], path: Path) -> Path:
 
 
 def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # slow to import: only when plotting
 
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110))
     plt.close(fig)
-    os.replace(tmp, path)
     return path

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
+from openglm.model.config import ModelConfig
+from openglm.model.errors import CheckpointError
+from openglm.tokenizer import load_tokenizer, train_tokenizer
 from openglm.train import dist
-from openglm.train.checkpoint import CheckpointError
 from openglm.train.config import RESUME_MUST_MATCH, TrainConfig
 from openglm.train.data import load_documents, split_documents, tokenize_documents
 
@@ -41,8 +43,6 @@ def prepare_tokens(cfg: TrainConfig, out: Path, info: dist.DistInfo, tokenizer=N
     The tokenizer is, in order: the one passed in, cfg.tokenizer, the run folder's `tokenizer/` (so a
     resumed run keeps its vocabulary), or a new byte-level BPE trained on the training split.
     """
-    from openglm.tokenizer import load_tokenizer, train_tokenizer
-
     docs = load_documents(cfg.data)
     train_docs, val_docs = split_documents(docs, cfg.val_fraction)
     tok_dir = out / "tokenizer"
@@ -76,15 +76,11 @@ def split_stream(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, n
 
 
 def _preset_vocab(cfg: TrainConfig) -> int:
-    from openglm.model import ModelConfig
-
     return int(cfg.model_overrides.get("vocab_size") or ModelConfig.from_preset(cfg.preset).vocab_size)
 
 
 def build_model_config(cfg: TrainConfig, vocab_size: int | None):
     """The preset with the overrides; the embedding is sized to the tokenizer unless overridden."""
-    from openglm.model import ModelConfig
-
     overrides = dict(cfg.model_overrides)
     if vocab_size is not None:
         overrides.setdefault("vocab_size", vocab_size)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from openglm.util.files import write_atomic
+
 
 def token_shares(counts: np.ndarray, top_k: int) -> np.ndarray:
     """[layers, experts] routed-token counts -> fraction of each layer's tokens sent to each expert."""
@@ -99,9 +101,7 @@ class MetricsLog:
         if not (self.enabled and self.path.exists()):
             return
         keep = [line for line in self.path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= step]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, "".join(line + "\n" for line in keep))
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:

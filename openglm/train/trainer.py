@@ -19,11 +19,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from openglm.model.checkpoint import load_model, resolve_checkpoint
+from openglm.model.errors import CheckpointError
+from openglm.model.model import GlmMoeDsaForCausalLM
 from openglm.model.parallel import ParallelLayout, check_training_layout
 from openglm.train import dist, dist_checkpoint, parallelize
 from openglm.train.activations import enable_activation_checkpointing
-from openglm.train.checkpoint import (CheckpointError, load_trainer_state, resolve_checkpoint, rng_state,
-                                      save_checkpoint, set_rng_state)
+from openglm.train.checkpoint import load_trainer_state, rng_state, save_checkpoint, set_rng_state
 from openglm.train.config import TrainConfig
 from openglm.train.data import PackedBatcher, eval_windows
 from openglm.train.optim import build_optimizer, clip_grad_norm
@@ -100,8 +102,6 @@ class Trainer:
 
     # ---- setup
     def _build_model(self) -> None:
-        from openglm.model import GlmMoeDsaForCausalLM
-
         torch.manual_seed(self.cfg.seed)
         self.device = torch.device(self.cfg.device if self.cfg.device != "cuda" else f"cuda:{self.info.local_rank}")
         self.model = GlmMoeDsaForCausalLM(self.model_config).to(self.device)
@@ -124,8 +124,6 @@ class Trainer:
                                              self.cfg.weight_decay, offload=self.cfg.offload_optimizer)
 
     def _resume(self, resume) -> None:
-        from openglm import load_model
-
         ckpt = resolve_checkpoint(self.out if resume is True else resume)
         state = load_trainer_state(ckpt)
         check_resume_compatible(ckpt, self.model_config, self.cfg, state["train_config"])
@@ -150,7 +148,7 @@ class Trainer:
 
     # ---- loop
     def run(self, stop_at: int | None = None) -> TrainResult:
-        from tqdm import tqdm
+        from tqdm import tqdm  # only for a progress bar
 
         cfg = self.cfg
         result = TrainResult(self.model, self.model_config, self.tokenizer, self.out, self.step)
@@ -183,7 +181,7 @@ class Trainer:
         result.step, result.checkpoint = self.step, self.checkpoint
         result.tokens_per_s = tokens / trained_s if trained_s else 0.0
         if cfg.plots and self.info.is_main:
-            from openglm.train.plots import plot_run
+            from openglm.train.plots import plot_run  # matplotlib: only when plots are asked for
 
             plot_run(self.out)
         return result

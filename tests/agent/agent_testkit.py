@@ -1,6 +1,6 @@
 """Helpers shared by the agent tests."""
 
-from openglm.agent.models import ReplayModel
+from openglm.agent.llm import ReplayModel
 from openglm.agent.worker import Worker
 
 
@@ -28,7 +28,8 @@ def write_script(path, turns) -> str:
 class AgentServer:
     """A real `openglm agent-server` subprocess (uvicorn on 127.0.0.1, a free port)."""
 
-    def __init__(self, tmp_path, port: int, replay: str, token: str | None = None, workers: int = 1):
+    def __init__(self, tmp_path, port: int, replay: str, token: str | None = None, workers: int = 1,
+                 extra_args: tuple = ()):
         import os
         import subprocess
         import sys
@@ -36,7 +37,7 @@ class AgentServer:
         self.url = f"http://127.0.0.1:{port}"
         self.data_dir = tmp_path / "server-data"
         cmd = [sys.executable, "-m", "openglm.agent", "agent-server", "--port", str(port), "--data-dir", str(self.data_dir),
-               "--replay", replay, "--workers", str(workers), "--lease-ttl", "3"]
+               "--replay", replay, "--workers", str(workers), "--lease-ttl", "3", *extra_args]
         env = dict(os.environ, OPENGLM_AGENT_TOKEN=token or "")
         self.proc = subprocess.Popen(cmd, env=env, cwd=tmp_path)
 

@@ -82,6 +82,9 @@ def test_bad_input_is_422_naming_the_field(server):
     assert e.value.status_code == 422 and e.value.detail["field"] == "workspace"
     r = httpx.post(server.url + "/v1/tasks", json={"constraints": {}})
     assert r.status_code == 422 and "objective" in r.text
+    for model in ({"replay": "x.jsonl", "colour": "blue"}, {"model": "glm"}):  # unknown key; no endpoint
+        r = httpx.post(server.url + "/v1/tasks", json={"objective": "x", "model": model})
+        assert r.status_code == 422 and r.json()["field"] == "model"
     with pytest.raises(GLMClientError) as e:
         client.get_task_status("t-nope")
     assert e.value.status_code == 404

@@ -21,7 +21,7 @@ from test_snapshot import tree_of
 
 from openglm.agent import faults, service
 from openglm.agent.config import AgentConfig
-from openglm.agent.models import ReplayModel
+from openglm.agent.llm import ReplayModel
 from openglm.agent.store.redis_store import RedisStore
 from openglm.agent.store.sqlite_store import SQLiteStore
 from openglm.agent.worker import Worker

@@ -8,7 +8,7 @@ from agent_testkit import call, make_worker, turn
 
 from openglm.agent import service
 from openglm.agent.hooks import Hooks
-from openglm.agent.models import FallbackModel, ModelError, ReplayModel
+from openglm.agent.llm import FallbackModel, ModelError, ReplayModel
 from openglm.agent.state import rebuild
 from openglm.agent.worker import Worker
 
@@ -183,7 +183,7 @@ def test_fallback_model_and_condensation(store, config, workspace):
     config.context_limit = 2000
     task = service.submit(store, config, "long context", str(workspace))
     worker = Worker(config, store=store, model=FallbackModel(Down([]), ReplayModel(turns, name="backup")))
-    worker.policy_factory = lambda: __import__("openglm.agent.default_policy", fromlist=["x"]).ToolCallingPolicy(
+    worker.policy_factory = lambda: __import__("openglm.agent.policy", fromlist=["x"]).ToolCallingPolicy(
         context_limit=2000, keep_recent_steps=1)
     assert worker.run_one() == "SUCCEEDED"
     events = store.all_events(task.id)

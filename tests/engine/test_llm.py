@@ -73,6 +73,19 @@ def test_abort_returns_blocks(llm):
     assert not engine.abort(rid)
 
 
+def test_stats_and_abort_all(llm):
+    engine = llm.engine
+    ids = [engine.add_request(p, greedy(max_tokens=50)) for p in ("def f():", "class A:")]
+    before = engine.stats()
+    engine.step()
+    now = engine.stats()
+    assert now.running == 2 and now.waiting == 0 and now.kv_blocks_used > 0 and now.steps == before.steps + 1
+    assert now.kv_blocks_total == engine.block_manager.num_blocks and now.prompt_tokens > before.prompt_tokens
+    assert engine.model_config is engine.runner.model.config  # the public name of the served config
+    engine.abort_all()
+    assert engine.stats().kv_blocks_used == 0 and not engine.has_unfinished() and not any(map(engine.abort, ids))
+
+
 def test_chat_uses_the_checkpoint_template(llm):
     text = llm.tokenizer.render_chat([{"role": "user", "content": "hello"}])
     assert text.startswith("[gMASK]<sop><|user|>\nhello") and text.endswith("<|assistant|>\n")

@@ -83,7 +83,7 @@ def test_batched_greedy_matches_transformers(our_model, tiny_checkpoint, prompts
         assert len(out.outputs[0].token_ids) == NEW_TOKENS
         assert out.outputs[0].token_ids == reference(prompt), f"prompt of {len(prompt)} tokens diverged"
     if budget == 16:
-        assert engine.stats["steps"] > NEW_TOKENS + max(PROMPT_LENGTHS) // 16  # prefill really was chunked
+        assert engine.stats().steps > NEW_TOKENS + max(PROMPT_LENGTHS) // 16  # prefill really was chunked
     assert_all_blocks_free(engine)
 
 

@@ -106,8 +106,8 @@ def test_cache_entries_of_different_dtypes_keep_their_dtype():
 
 
 def test_latent_keys_are_a_zero_copy_view_of_the_cache_and_equal_the_concatenation():
-    from openglm.model.attend import attend_gathered
     from openglm.model.attention import latent_keys
+    from openglm.model.sparse_dsa import gather_attention
 
     cache = DynamicCache()
     cache.update(0, _entries(3, 10, 1))
@@ -118,8 +118,17 @@ def test_latent_keys_are_a_zero_copy_view_of_the_cache_and_equal_the_concatenati
     assert keys.untyped_storage().data_ptr() == out["kv"].untyped_storage().data_ptr()
     separate = latent_keys(out["kv"].clone(), out["k_pe"].clone())  # not adjacent: a copy, same values
     assert torch.equal(separate, want)
-    # the gathered attention reads rows of the strided cache view exactly like a contiguous copy
-    q = torch.randn(3, 1, 4, 8)
+    # DSA's gathered attention reads rows of the strided cache view exactly like a contiguous copy
+    q = torch.randn(3, 4, 1, 8)
     idx = torch.randint(0, 11, (3, 1, 5))
-    got = attend_gathered(q, keys, None, idx, None, 0.4, v_dim=6)
-    assert torch.allclose(got, attend_gathered(q, want.contiguous(), None, idx, None, 0.4, v_dim=6), atol=1e-6)
+    k, k_copy = keys.transpose(1, 2), want.contiguous().transpose(1, 2)
+    got = gather_attention(q, k, k[..., :6], idx, scale=0.4)
+    assert torch.allclose(got, gather_attention(q, k_copy, k_copy[..., :6], idx, scale=0.4), atol=1e-6)
+
+
+def test_logits_to_keep_returns_the_last_positions_only():
+    m = _model()
+    ids = torch.randint(3, m.config.vocab_size, (2, 9))
+    with torch.no_grad():
+        full, last = m(ids).logits, m(ids, logits_to_keep=2).logits
+    assert last.shape == (2, 2, m.config.vocab_size) and torch.allclose(last, full[:, -2:], atol=1e-6)

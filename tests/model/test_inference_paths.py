@@ -151,7 +151,7 @@ def test_router_without_probs_routes_the_same():
 
 
 def test_bf16_absorbed_products_use_an_fp32_copy_that_follows_updates():
-    m = _model(index_topk=1024).to(torch.bfloat16)  # dense attention: no top-k flips between the paths
+    m = _model(attention_kinds=["dense"] * 3).to(torch.bfloat16)  # dense attention: no top-k flips between the paths
     ids = torch.randint(3, m.config.vocab_size, (2, 12))
     fast, ref = _fast_and_reference(m, ids)
     assert m.model.layers[0].self_attn._derived_weights["kv_b_fp32"][2].dtype == torch.float32

@@ -68,7 +68,7 @@ def native_rows_topk(rows, n_keys, n_top, n_sample):
     out = torch.empty(nq, n_top, dtype=torch.long)
     n_keys, work = torch.as_tensor(n_keys, dtype=torch.long), torch.empty(4 * width)  # alive during the call
     lib.dsa_rows_topk(rows.data_ptr(), width, nq, n_keys.data_ptr(), None, 0, n_top, sparse_dsa.PREFILTER_STRIDE,
-                      n_sample, out.data_ptr(), n_top, work.data_ptr())
+                      n_sample, out.data_ptr(), n_top, work.data_ptr(), None)
     return out
 
 
@@ -198,3 +198,23 @@ def test_gather_rejects_slots_past_the_cache():
     q, k, v = (torch.randn(1, 2, 10, 8) for _ in range(3))
     with pytest.raises(IndexError):
         gather_attention(q, k, v, torch.full((1, 10, 3), 10))
+
+
+@pytest.mark.parametrize("budget", [1 << 12, 1 << 26])  # several query blocks (rows shorter than Tk), or one
+def test_ties_at_the_kth_score_pick_what_torch_topk_picks_over_the_whole_row(monkeypatch, budget):
+    """Exact ties at the k-th score (relu zeros: every index head's dot product negative) are settled as the
+    reference formulation settles them, torch.topk over a row of all Tk scores with -inf where invisible, so
+    the model selects what transformers selects; on the native and the torch-op path alike."""
+    g = torch.Generator().manual_seed(9)
+    b, t, hi, di, k = 2, 60, 2, 8, 12
+    iq = torch.randn(b, t, hi, di, generator=g).abs()
+    ik = -torch.randn(b, t, di, generator=g).abs()  # every dot product negative: scores exactly 0 ...
+    ik[:, ::7] *= -1  # ... but for every 7th key
+    w = torch.rand(b, t, hi, generator=g)
+    sc = torch.einsum("bqh,bqhk->bqk", w, torch.relu(torch.einsum("bqhd,bkd->bqhk", iq, ik) * di ** -0.5))
+    sc = sc.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    vals, ref = sc.topk(k, -1)
+    ref = ref.masked_fill(vals == float("-inf"), -1).sort(-1).values
+    assert ((sc == 0).sum(-1) > k).any()  # ties at the k-th score do occur
+    fast, ops = both_paths(monkeypatch, lambda: indexer_topk(iq, ik, w, k, budget_bytes=budget))
+    assert torch.equal(fast.sort(-1).values, ref) and torch.equal(ops.sort(-1).values, ref)  # as sets

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from openglm.agent.policy.tools import CHECKS, PHASE_TOOLS, parse_check
+from openglm.swe.policy.tools import CHECKS, PHASE_TOOLS, parse_check
 from openglm.retrieval.code_index import CodeIndex, search_repository
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def test_search_bad_input(repo, tmp_path):
 
 
 def test_checks_command_emits_hits(repo):
-    out = subprocess.run([sys.executable, "-m", "openglm.agent.policy.checks", "search"], cwd=repo,
+    out = subprocess.run([sys.executable, "-m", "openglm.swe.policy.checks", "search"], cwd=repo,
                          input=json.dumps({"query": "slugify a name", "k": 2}), capture_output=True, text=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -57,7 +57,7 @@ def test_method_chunk_has_qualified_name_docstring_and_span():
     assert wrap_chunks.kind == "method"
     assert wrap_chunks.text.lstrip().startswith("def _wrap_chunks(self, chunks):")
     assert '"""_wrap_chunks(chunks : [string]) -> [string]' in wrap_chunks.text
-    assert wrap_chunks.span == f"textwrap.py:{wrap_chunks.start_line}-{wrap_chunks.end_line}"
+    assert wrap_chunks.location == f"textwrap.py:{wrap_chunks.start_line}-{wrap_chunks.end_line}"
     cls = min((c for c in chunks if c.name == "TextWrapper" and c.kind == "class"), key=lambda c: c.start_line)
     assert cls.text.startswith("class TextWrapper:") and "def " not in cls.text
     assert "Object for wrapping/filling text." in cls.text

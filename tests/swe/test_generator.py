@@ -9,7 +9,7 @@ import json
 import textwrap
 
 from openglm.swe.gen.generate import GenConfig, PackageMiner, export_queries
-from openglm.swe.code import functions_with_qualnames
+from openglm.retrieval.spans import functions_with_qualnames
 from openglm.swe.gen.mutate import mutations_of
 from openglm.swe.gen.packages import PackageSpec
 from openglm.swe.harness import HarnessConfig, run_evaluation

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from openglm.swe.code import CodeIndex
+from openglm.retrieval.spans import FunctionIndex
 from openglm.swe.localize import localize
 from openglm.swe.localize.sbfl import ochiai
 from openglm.swe.localize.text import text_scores, tokens
@@ -92,12 +92,12 @@ def test_traceback_formats_and_depth(shop):
     pytest_style = "tests/test_prices.py:10: in test_x\n    y\nshop/prices.py:11: ValueError\n"
     assert [(f.path, f.line) for f in parse_frames(pytest_style)] == [("tests/test_prices.py", 10),
                                                                       ("shop/prices.py", 11)]
-    scores = traceback_scores(CodeIndex(shop), [native])
+    scores = traceback_scores(FunctionIndex(shop), [native])
     # the deepest repo frame wins, test files are left out
     assert scores["functions"] == {"shop/units.py::to_cents": 1.0, "shop/prices.py::total": 0.5}
 
 
 def test_text_similarity_splits_identifiers(shop):
     assert {"apply", "discount"} <= set(tokens("applyDiscount apply_discount"))
-    scores = text_scores(CodeIndex(shop), "the from_cents conversion is wrong")
+    scores = text_scores(FunctionIndex(shop), "the from_cents conversion is wrong")
     assert max(scores["functions"], key=scores["functions"].get) == "shop/units.py::from_cents"

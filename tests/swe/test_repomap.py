@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from openglm.swe.repomap import import_graph, impact, module_name, repo_map
-from openglm.swe.code import CodeIndex
+from openglm.retrieval.spans import FunctionIndex
 
 FILES = {
     "pyproject.toml": '[project]\nname = "pkg"\n[project.scripts]\npkg = "pkg.cli:main"\n',
@@ -23,7 +23,7 @@ def test_map_and_graph(make_repo):
     assert "pyproject.toml" in m["dependency_files"] and m["readme"].startswith("# pkg")
     assert m["tests"]["files"] == ["tests/test_core.py"]
     assert module_name("src/pkg/__init__.py") == "pkg"
-    graph = import_graph(CodeIndex(repo))
+    graph = import_graph(FunctionIndex(repo))
     assert graph["pkg"] == {"pkg.core"} and graph["pkg.cli"] == {"pkg", "pkg.core"}
     assert graph["tests.test_core"] == {"pkg.core"}
 

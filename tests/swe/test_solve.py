@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from openglm.agent.llm import ModelSpec
 from openglm.swe.harness import HarnessConfig, run_evaluation
 from openglm.swe.harness.instances import load_predictions
 from openglm.swe.solve import SolveConfig, solve
@@ -29,7 +30,7 @@ def test_solve_then_evaluate(tmp_path, hand_instances):
     ]
     script = tmp_path / "turns.jsonl"
     script.write_text("".join(json.dumps(t) + "\n" for t in turns))
-    config = SolveConfig(out_dir=tmp_path / "solve", repos_dir=repos, model={"replay": str(script)},
+    config = SolveConfig(out_dir=tmp_path / "solve", repos_dir=repos, model=ModelSpec(replay=str(script)),
                          model_name="replay")
     path = solve([calc], config)
     (pred,) = [json.loads(x) for x in path.read_text().splitlines()]

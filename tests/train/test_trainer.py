@@ -3,7 +3,8 @@ import json
 import pytest
 import torch
 
-from openglm.train.checkpoint import CheckpointError, resolve_checkpoint
+from openglm.model.checkpoint import resolve_checkpoint
+from openglm.model.errors import CheckpointError
 from openglm.train.trainer import Trainer, TrainingDiverged, train
 
 

@@ -8,8 +8,10 @@ ask a human. Tests build compressed variants of these configs (short windows, fa
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from enum import Enum
+
+from openglm.util.strict import check_keys
 
 MB = 1024 * 1024
 
@@ -37,7 +39,7 @@ def _default_thresholds() -> dict[str, Threshold]:
     return {
         # percent of the task's CPU allotment (its resource constraint, else the machine's cores)
         "cpu_percent": Threshold(85.0, Action.REDUCE_PARALLELISM, sustain=3),
-        # robust growth rates of the tree's RSS (bytes/s); see leak.py. The short rule must hold for
+        # robust growth rates of the tree's RSS (bytes/s); see monitor.py (LeakDetector). The short rule must hold for
         # 12 samples (1 minute at 5 s): a big allocation held for a while looks like growth until freed.
         "rss_growth_short": Threshold(10 * MB / 60.0, Action.RESTART_TREE, sustain=12),
         "rss_growth_long": Threshold(2 * MB / 3600.0, Action.RESTART_TREE, sustain=12),
@@ -170,9 +172,9 @@ class ResilienceConfig:
     def from_dict(cls, raw: dict | None) -> "ResilienceConfig":
         """From JSON-like data (e.g. AgentConfig.resilience); unknown keys are errors naming the key."""
         raw = dict(raw or {})
-        _check(raw, cls, "resilience")
+        check_keys(raw, cls, "key(s) of resilience")
         mon = dict(raw.get("monitor", {}))
-        _check(mon, MonitorConfig, "resilience.monitor")
+        check_keys(mon, MonitorConfig, "key(s) of resilience.monitor")
         if "thresholds" in mon:
             mon["thresholds"] = {k: None if v is None else Threshold(v["limit"], Action(v["action"]),
                                                                       v.get("sustain", 1), v.get("cooldown_s", 60.0))
@@ -180,22 +182,13 @@ class ResilienceConfig:
         policies = {k: LadderPolicy(**{**v, "levels": tuple(Level(x) for x in v.get("levels", LadderPolicy().levels))})
                     for k, v in raw.get("ladder", {}).get("policies", {}).items()}
         guard = dict(raw.get("guard", {}))
-        _check(guard, GuardConfig, "resilience.guard")
+        check_keys(guard, GuardConfig, "key(s) of resilience.guard")
         if "price_per_mtok" in guard:
             guard["price_per_mtok"] = tuple(guard["price_per_mtok"])
         stuck = raw.get("stuck", {})
-        _check(stuck, StuckConfig, "resilience.stuck")
+        check_keys(stuck, StuckConfig, "key(s) of resilience.stuck")
         return cls(monitor=MonitorConfig(**mon),
                    ladder=LadderConfig(policies={**_default_policies(), **policies}),
                    stuck=StuckConfig(**stuck), guard=GuardConfig(**guard),
                    monitor_enabled=raw.get("monitor_enabled", True))
 
-
-def _check(raw: dict, cls, where: str):
-    unknown = set(raw) - set(field_names(cls))
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {sorted(unknown)} (known: {field_names(cls)})")
-
-
-def field_names(cls) -> list[str]:
-    return [f.name for f in fields(cls)]

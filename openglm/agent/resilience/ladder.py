@@ -5,16 +5,99 @@ decision: the lowest level of the error class's policy, not below the level alre
 this episode, that still has attempts left (L1 retry with backoff, L2 alternative, L3 rollback to
 the last green snapshot, L4 re-plan, L5 ask a human). A success ends the episode and resets it.
 The state is a plain dict so a paused task resumes with its ladder in another process.
+
+Also in this module:
+
+- Failures the recovery ladder sees, and the classification of exceptions into error classes.
+
+- L1/L2 around one call (a model request, a command): retry with backoff, then the alternatives.
+
+  Higher levels (rollback, re-plan, human) change the task, not the call: they are raised as
+  `Escalation` for the step loop to carry out.
+
+- The plan: a tree of goals kept in the task state; L4 rebuilds it around a failure.
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
 import time
-from dataclasses import asdict, dataclass
-from typing import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
 
 from .config import LadderConfig, LadderPolicy, Level
-from .errors import Failure, classify
+
+
+# Errors re-raised as text (e.g. the runtime's ModelError) still carry their status or transport failure.
+HTTP_STATUS = re.compile(r"\bHTTP (\d{3})\b")
+TRANSPORT = re.compile(r"timed? ?out|timeout|connect(ion)? ?(error|refused|reset)|remote ?protocol|"
+                       r"server disconnected|temporarily unavailable", re.I)
+CONTEXT_LIMIT = re.compile(r"context (length|window|limit)|maximum context|too many tokens|prompt is too long", re.I)
+
+
+@dataclass
+class Failure:
+    error_class: str  # a key of LadderConfig.policies
+    message: str
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def signature(self) -> str:
+        """The message without numbers/addresses, so 'timeout after 3.02s' repeats as one error."""
+        return re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?", "#", self.message.lower()).strip()
+
+    def to_dict(self) -> dict:
+        return {"error_class": self.error_class, "message": self.message, **self.detail}
+
+
+class ClassifiedError(Exception):
+    """An exception that already knows its error class (raised by tools, verification, detectors)."""
+
+    def __init__(self, error_class: str, message: str, **detail):
+        super().__init__(message)
+        self.error_class, self.detail = error_class, detail
+
+
+def classify(exc: BaseException) -> Failure:
+    """Map an exception to a Failure. Transient: timeouts, connection errors, HTTP 429 and 5xx."""
+    msg = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, ClassifiedError):
+        return Failure(exc.error_class, str(exc), dict(exc.detail))
+    cls = getattr(exc, "error_class", None)  # duck-typed: the runtime's own errors may carry one
+    if isinstance(cls, str):
+        return Failure(cls, msg)
+    status = _http_status(exc)
+    if status is not None:
+        if status == 429 or status >= 500:
+            return Failure("transient", msg, {"status": status})
+        if status == 400 and CONTEXT_LIMIT.search(str(exc)):
+            return Failure("context_limit", msg, {"status": status})
+        return Failure("command_failed", msg, {"status": status})
+    if CONTEXT_LIMIT.search(str(exc)):
+        return Failure("context_limit", msg)
+    if isinstance(exc, (TimeoutError, ConnectionError, subprocess.TimeoutExpired)) or _is_httpx_transport(exc):
+        return Failure("transient", msg)
+    if type(exc).__name__ == "ModelError" and TRANSPORT.search(str(exc)):
+        return Failure("transient", msg)
+    return Failure("command_failed", msg)
+
+
+def _http_status(exc: BaseException) -> int | None:
+    for obj in (exc, getattr(exc, "response", None)):
+        status = getattr(obj, "status_code", None) or getattr(obj, "status", None)
+        if isinstance(status, int):
+            return status
+    m = HTTP_STATUS.search(str(exc))
+    return int(m.group(1)) if m else None
+
+
+def _is_httpx_transport(exc: BaseException) -> bool:
+    try:
+        import httpx  # only to recognise its exception types; the caller has it loaded
+    except ImportError:
+        return False
+    return isinstance(exc, (httpx.TimeoutException, httpx.TransportError))
 
 
 @dataclass
@@ -125,3 +208,139 @@ class RecoveryLadder:
         self.pending = state.get("pending")
         self.history = list(state.get("history", []))
         return self
+
+
+class Escalation(Exception):
+    """The ladder decided on L3..L5: the step loop must roll back, re-plan or ask a human."""
+
+    def __init__(self, decision: Decision, error: BaseException):
+        super().__init__(f"L{int(decision.level)} ({decision.error_class}): {decision.cause}")
+        self.decision, self.error = decision, error
+
+
+def call_with_recovery(options: Sequence[Callable[[], object]], ladder: RecoveryLadder,
+                       sleep: Callable[[float], None] = time.sleep, on_switch: Callable[[int], None] | None = None,
+                       can_rollback: bool = True):
+    """Call options[0] (the primary); options[1:] are the alternatives (e.g. the fallback model).
+
+    Returns the first result that succeeds. L2's k-th alternative is options[min(k, len-1)].
+    """
+    current = 0
+    while True:
+        try:
+            result = options[current]()
+        except Exception as exc:
+            decision = ladder.on_failure(classify(exc), can_rollback=can_rollback)
+            if decision.level is Level.RETRY:
+                sleep(decision.delay_s)
+                continue
+            if decision.level is Level.ALTERNATIVE and len(options) > 1:
+                current = min(decision.attempt, len(options) - 1)
+                if on_switch is not None:
+                    on_switch(current)
+                continue
+            raise Escalation(decision, exc) from exc
+        ladder.on_success()
+        return result
+
+
+OPEN, DONE, FAILED, DROPPED = "open", "done", "failed", "dropped"
+
+
+@dataclass
+class Goal:
+    id: str
+    text: str
+    status: str = OPEN
+    note: str = ""
+    children: list["Goal"] = field(default_factory=list)
+
+
+class GoalTree:
+    def __init__(self, objective: str, root: Goal | None = None, revision: int = 0):
+        self.root = root or Goal("g0", objective)
+        self.revision = revision  # how many times the plan was rebuilt
+
+    def walk(self):
+        stack = [self.root]
+        while stack:
+            goal = stack.pop()
+            yield goal
+            stack.extend(reversed(goal.children))
+
+    def find(self, goal_id: str) -> Goal:
+        for goal in self.walk():
+            if goal.id == goal_id:
+                return goal
+        raise KeyError(f"no goal {goal_id!r} in the plan")
+
+    def add(self, parent_id: str, text: str) -> Goal:
+        parent = self.find(parent_id)
+        goal = Goal(f"{parent.id}.{len(parent.children) + 1}", text)
+        parent.children.append(goal)
+        return goal
+
+    def current(self) -> Goal:
+        """The first open leaf (depth first): what the agent is working on."""
+        for goal in self.walk():
+            if goal.status == OPEN and not any(c.status == OPEN for c in goal.children):
+                return goal
+        return self.root
+
+    def mark(self, goal_id: str, status: str, note: str = ""):
+        goal = self.find(goal_id)
+        goal.status, goal.note = status, note or goal.note
+
+    def replan(self, failure: str, subgoals: list[str]) -> Goal:
+        """Fail the current goal with the failure as its note; the open siblings are dropped and the
+        new subgoals take their place under the same parent (a new approach to the same end)."""
+        failed = self.current()
+        parent = self._parent(failed) or self.root
+        if failed is self.root:  # no subgoals yet: the failed attempt is kept as one, for the record
+            parent.children.append(Goal(f"g0.{len(parent.children) + 1}", "first approach", FAILED, failure[:500]))
+        else:
+            failed.status, failed.note = FAILED, failure[:500]
+        for sibling in parent.children:
+            if sibling.status == OPEN:
+                sibling.status = DROPPED
+        self.revision += 1
+        for text in subgoals:
+            goal = Goal(f"{parent.id}.r{self.revision}.{len(parent.children) + 1}", text)
+            parent.children.append(goal)
+        return parent
+
+    def _parent(self, child: Goal) -> Goal | None:
+        for goal in self.walk():
+            if any(c is child for c in goal.children):
+                return goal
+        return None
+
+    def render(self) -> str:
+        lines = []
+
+        def visit(goal: Goal, depth: int):
+            note = f" ({goal.note})" if goal.note else ""
+            lines.append(f"{'  ' * depth}- [{goal.status}] {goal.text}{note}")
+            for child in goal.children:
+                visit(child, depth + 1)
+
+        visit(self.root, 0)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"revision": self.revision, "root": asdict(self.root)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "GoalTree":
+        def build(d: dict) -> Goal:
+            return Goal(d["id"], d["text"], d.get("status", OPEN), d.get("note", ""),
+                        [build(c) for c in d.get("children", [])])
+
+        root = build(data["root"])
+        return cls(root.text, root, int(data.get("revision", 0)))
+
+
+def parse_plan(text: str) -> list[str]:
+    """Subgoals from a model's answer: the lines that start with '-', '*' or 'N.'/'N)'."""
+    items = [m.group(1).strip() for m in re.finditer(r"^\s*(?:[-*]|\d+[.)])\s+(.+)$", text, re.M)]
+    return [i for i in items if i]

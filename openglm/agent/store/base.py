@@ -107,13 +107,3 @@ class Store:
             after = batch[-1].seq
         return out
 
-
-def open_store(url: str) -> Store:
-    """'sqlite:///path/to.db', a plain path, or 'redis://host:port/db'."""
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        from openglm.agent.store.redis_store import RedisStore
-
-        return RedisStore(url)
-    from openglm.agent.store.sqlite_store import SQLiteStore
-
-    return SQLiteStore(url.removeprefix("sqlite://"))

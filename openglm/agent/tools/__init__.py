@@ -53,7 +53,7 @@ class ToolBox:
         return TOOL_SPECS
 
     def call(self, name: str, args: dict, timeout: float | None = None, should_stop=lambda: False,
-             pidfile=None) -> ToolResult:
+             pidfile=None, output_file=None) -> ToolResult:
         """Run one tool; mistakes (bad args, path escapes) come back as a failed result, not an exception."""
         try:
             if not isinstance(args, dict):
@@ -61,7 +61,7 @@ class ToolBox:
             if name == "bash":
                 budget = min(self.command_timeout, timeout) if timeout is not None else self.command_timeout
                 r = run_shell(args["command"], self.workspace, max(budget, 0.01), self.limiter, self.max_output,
-                              should_stop, pidfile)
+                              should_stop, pidfile, output_file)
                 return ToolResult(r.render(), ok=r.exit_code == 0,
                                   meta={"exit_code": r.exit_code, "killed": r.killed, "duration_s": round(r.duration_s, 4)})
             if name == "view":

@@ -7,11 +7,10 @@ Every path is resolved with symlinks followed; anything that lands outside the w
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from openglm.agent.tools.shell import truncate
+from openglm.util.files import write_atomic
 
 
 class ToolError(ValueError):
@@ -45,23 +44,13 @@ def view(workspace, path: str = ".", start: int | None = None, end: int | None =
     return truncate("\n".join(f"{i:6d}\t{lines[i - 1]}" for i in range(lo, hi + 1)), max_chars)
 
 
-def _atomic_write(target: Path, content: str):
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(content)
-    if target.exists():
-        shutil.copymode(target, tmp)
-    os.replace(tmp, target)
-
-
 def create(workspace, path: str, content: str, overwrite: bool = False) -> str:
     target = confine(workspace, path)
     if target.exists() and not overwrite:
         raise ToolError(f"{path} already exists (use edit, or create with overwrite=true)")
     if not isinstance(content, str):
         raise ToolError("content must be a string")
-    _atomic_write(target, content)
+    write_atomic(target, content, keep_mode=True)
     return f"created {path} ({len(content)} characters)"
 
 
@@ -73,5 +62,5 @@ def edit(workspace, path: str, old: str, new: str) -> str:
     count = text.count(old) if old else 0
     if count != 1:
         raise ToolError(f"{path}: `old` must occur exactly once, found {count} occurrences")
-    _atomic_write(target, text.replace(old, new, 1))
+    write_atomic(target, text.replace(old, new, 1), keep_mode=True)
     return f"edited {path}"

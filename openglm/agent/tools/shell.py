@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from openglm.agent.process import kill_group, remove_pidfile
 from openglm.agent.tools.limits import ResourceLimiter
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -51,11 +52,42 @@ class ShellResult:
         return f"[{status}]\n{self.output}"
 
 
-def _reader(stream, buf: list, cap: int):
+LIVE_CAP = 4 << 20  # bytes of live output kept on disk; past it the file restarts (the tail stays visible)
+
+
+class LiveOutput:
+    """The output of the running command as it arrives, in a file the dashboard follows: a first line
+    `[<start, epoch seconds>] $ <command>` (a new one per command), then the output. Past LIVE_CAP
+    the file restarts from that line, so a long command's latest output stays visible."""
+
+    def __init__(self, path: str, command: str):
+        first = command.splitlines()[0][:500] if command else ""
+        self.header = f"[{time.time():.6f}] $ {first}\n".encode()
+        self.file = open(path, "wb")
+        self.file.write(self.header)
+        self.file.flush()
+
+    def write(self, chunk: bytes):
+        if self.file.tell() + len(chunk) > LIVE_CAP:
+            marker = self.header + b"[... earlier output dropped from the live view ...]\n"
+            self.file.seek(0)
+            self.file.truncate()
+            self.file.write(marker)
+            chunk = chunk[-max(1, LIVE_CAP - len(marker)):]
+        self.file.write(chunk)
+        self.file.flush()
+
+    def close(self):
+        self.file.close()
+
+
+def _reader(stream, buf: list, cap: int, live=None):
     # Keep the first `cap` bytes and a rolling tail of `cap` bytes; count the rest.
     head, tail, total = bytearray(), bytearray(), 0
     for chunk in iter(lambda: stream.read1(65536), b""):
         total += len(chunk)
+        if live is not None:
+            live.write(chunk)
         if len(head) < cap:
             take = cap - len(head)
             head += chunk[:take]
@@ -67,16 +99,18 @@ def _reader(stream, buf: list, cap: int):
 
 
 def run_shell(command: str, cwd: str, timeout: float = 600.0, limiter: ResourceLimiter | None = None,
-              max_output: int = 20000, should_stop=lambda: False, pidfile=None) -> ShellResult:
+              max_output: int = 20000, should_stop=lambda: False, pidfile=None, output_file=None) -> ShellResult:
     """`pidfile` (optional) holds the command's process-group id while it runs, so a worker that
-    resumes after a SIGKILL can kill a command its dead predecessor left running."""
+    resumes after a SIGKILL can kill a command its dead predecessor left running. `output_file`
+    (optional) receives the output as it arrives (a fresh file per command)."""
     limiter = limiter or ResourceLimiter(None)
     start = time.monotonic()
+    live = LiveOutput(output_file, command) if output_file else None  # before the command: nothing to orphan
     proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=scrubbed_env(), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=_preexec(os.getpid(), pidfile, limiter))
     buf: list = []
-    reader = threading.Thread(target=_reader, args=(proc.stdout, buf, max_output), daemon=True)
+    reader = threading.Thread(target=_reader, args=(proc.stdout, buf, max_output, live), daemon=True)
     reader.start()
     killed, next_mem_check = "", 0.0
     while proc.poll() is None:
@@ -94,14 +128,13 @@ def run_shell(command: str, cwd: str, timeout: float = 600.0, limiter: ResourceL
             proc.wait(0.02 if now - start < 1 else 0.1)
         except subprocess.TimeoutExpired:
             pass
-    _kill_group(proc.pid)  # also reaps background children that would hold the pipe open
+    kill_group(proc.pid)  # also reaps background children that would hold the pipe open
     proc.wait()
     if pidfile:
-        try:
-            os.unlink(pidfile)
-        except FileNotFoundError:
-            pass
+        remove_pidfile(pidfile)
     reader.join(5)
+    if live is not None:
+        live.close()
     head, tail, total = buf or [b"", b"", 0]
     omitted = total - len(head) - len(tail)
     text = (head + tail).decode("utf-8", "replace") if omitted <= 0 else (
@@ -127,9 +160,3 @@ def _preexec(parent: int, pidfile, limiter: ResourceLimiter):
 
     return setup
 
-
-def _kill_group(pgid: int):
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -25,13 +25,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from openglm.swe.code import CodeIndex, functions_with_qualnames, is_test_path
+from openglm.retrieval.spans import FunctionIndex, functions_with_qualnames, is_test_path
 from openglm.swe.gen.mutate import Mutation, mutations_of
 from openglm.swe.gen.packages import PackageSpec
 from openglm.swe.gitutil import commit_file_change, git, init_repo, unified_diff
 from openglm.swe.harness.run import HarnessConfig, Sandbox, pytest_command, test_files
 from openglm.swe.logparse import test_passed
 from openglm.swe.testrun import per_test_lines, run_pytest
+from openglm.util.files import write_atomic
 
 # Bump when the selection rules change, so cached per-package instance files are not reused.
 GENERATOR_VERSION = 2
@@ -105,7 +106,7 @@ class PackageMiner:
             raise RuntimeError(f"{spec.slug}: no test passes on the pristine sdist:\n{base.output[-2000:]}")
         # (file, line) -> passing tests that execute it
         self.line_tests: dict[tuple[str, int], set[str]] = {}
-        index = CodeIndex(self.repo)
+        index = FunctionIndex(self.repo)
         for path, by_test in per_test_lines(base.coverage_file).items():
             rel = index.rel(path)
             for test, lines in by_test.items():
@@ -121,7 +122,7 @@ class PackageMiner:
     def candidates(self) -> list[tuple[str, str, list[Mutation]]]:
         """(file, function qualname, its mutations on covered lines) for every covered function."""
         out = []
-        index = CodeIndex(self.repo)
+        index = FunctionIndex(self.repo)
         for rel, source in sorted(index.sources.items()):
             if is_test_path(rel) or not any(rel == s or rel.startswith(s + "/") for s in self.spec.source):
                 continue
@@ -271,11 +272,11 @@ def generate(specs: list[PackageSpec], config: GenConfig) -> Path:
         else:
             miner = PackageMiner(spec, config)
             mined = miner.mine()
-            _write(cache, json.dumps(mined, indent=1))
+            write_atomic(cache, json.dumps(mined, indent=1))
             note = f"screened mutants rejected when graded: {miner.rejected or 'none'}"
         print(f"{spec.slug}: {len(mined)} instances ({note})", file=sys.stderr)
         everything += mined
-    _write(out / "instances.jsonl", "".join(json.dumps(i) + "\n" for i in everything))
+    write_atomic(out / "instances.jsonl", "".join(json.dumps(i) + "\n" for i in everything))
     return out / "instances.jsonl"
 
 
@@ -285,11 +286,5 @@ def export_queries(instances: list[dict], path: Path) -> None:
              "query": i["problem_statement"], "file": i["openglm_bug"]["file"],
              "function": i["openglm_bug"]["function"], "lines": i["openglm_bug"]["lines"]}
             for i in instances if "openglm_bug" in i]
-    _write(path, "".join(json.dumps(r) + "\n" for r in rows))
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
 
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from openglm.agent.models.replay import load_turns as read_jsonl  # the project's JSONL reader
+from openglm.agent.llm.replay import load_turns as read_jsonl  # the project's JSONL reader
 
 REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
 

@@ -22,6 +22,7 @@ from openglm.swe.gitutil import git
 from openglm.swe.harness.env import apply_patch, checkout, make_venv, run_in_venv
 from openglm.swe.harness.grading import instance_report
 from openglm.swe.logparse import parse_log
+from openglm.util.files import write_atomic
 
 
 @dataclass
@@ -192,7 +193,4 @@ def _model_dir_name(pred: dict) -> str:
 
 
 def _write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=2))

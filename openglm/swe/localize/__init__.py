@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from openglm.swe.code import CodeIndex
+from openglm import retrieval
+from openglm.retrieval.spans import FunctionIndex
 from openglm.swe.localize.sbfl import sbfl_scores
 from openglm.swe.localize.text import text_scores
 from openglm.swe.localize.traceback import traceback_scores
@@ -37,7 +38,7 @@ def _normalised(scores: dict[str, float]) -> dict[str, float]:
 
 
 def combine(techniques: dict[str, dict[str, dict[str, float]]], weights: dict[str, float],
-            index: CodeIndex) -> dict[str, dict[str, float]]:
+            index: FunctionIndex) -> dict[str, dict[str, float]]:
     """Weighted sum of per-technique scores normalised to [0, 1]; a line also inherits half of its
     function's combined score, so lines of a suspicious function outrank equally-scored strays."""
     out: dict[str, dict[str, float]] = {level: {} for level in LEVELS}
@@ -71,7 +72,7 @@ def localize(repo: str | Path, failing_tests: list[str] = (), issue: str = "", t
     """Rank suspicious locations. failing_tests are pytest node ids (`tests/test_x.py::test_y`)."""
     config = config or LocalizeConfig()
     repo = Path(repo).resolve()
-    index = CodeIndex(repo)
+    index = FunctionIndex(repo)
     techniques: dict[str, dict[str, dict[str, float]]] = {}
     texts = [issue, test_output]
     observed_failing: list[str] = []
@@ -105,9 +106,7 @@ def _retrieval_scores(repo: Path, issue: str) -> dict[str, dict[str, float]] | N
     """Optional signal from the code retrieval index (openglm.retrieval), used only when the repo
     already has an index (`openglm index build REPO`): building one here would embed the repo."""
     try:
-        from openglm.retrieval import CodeIndex as RetrievalIndex
-
-        hits = RetrievalIndex.open(repo).search(issue, k=20)
+        hits = retrieval.CodeIndex.open(repo).search(issue, k=20)  # a lazy export: FAISS loads here
     except Exception:  # no index, no embedder model, retrieval not built yet: not an error here
         return None
     scores: dict[str, dict[str, float]] = {"files": {}, "functions": {}, "lines": {}}
@@ -115,6 +114,5 @@ def _retrieval_scores(repo: Path, issue: str) -> dict[str, dict[str, float]] | N
         s = float(h.score)
         scores["files"][h.path] = max(scores["files"].get(h.path, 0.0), s)
         if h.kind in ("function", "method"):
-            key = f"{h.path}::{h.name}"
-            scores["functions"][key] = max(scores["functions"].get(key, 0.0), s)
+            scores["functions"][h.key] = max(scores["functions"].get(h.key, 0.0), s)
     return scores

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from openglm.swe.code import CodeIndex, is_test_path
+from openglm.retrieval.spans import FunctionIndex, is_test_path
 from openglm.swe.testrun import per_test_lines
 
 
@@ -17,7 +17,7 @@ def ochiai(ef: int, ep: int, total_failed: int) -> float:
     return ef / math.sqrt(total_failed * (ef + ep))
 
 
-def sbfl_scores(index: CodeIndex, coverage_file: str, failed: set[str], passed: set[str]
+def sbfl_scores(index: FunctionIndex, coverage_file: str, failed: set[str], passed: set[str]
                 ) -> dict[str, dict[str, float]]:
     scores: dict[str, dict[str, float]] = {"files": {}, "functions": {}, "lines": {}}
     if not failed:

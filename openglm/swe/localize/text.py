@@ -4,11 +4,10 @@ Line scores inside a function count the query words each line shares."""
 
 from __future__ import annotations
 
-import math
 import re
-from collections import Counter
 
-from openglm.swe.code import CodeIndex, is_test_path
+from openglm.retrieval.lexical import bm25_model
+from openglm.retrieval.spans import FunctionIndex, is_test_path
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*")
 _CAMEL = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
@@ -29,27 +28,15 @@ def tokens(text: str) -> list[str]:
 
 def bm25(query: list[str], docs: dict[str, list[str]], k1: float = 1.2, b: float = 0.75
          ) -> dict[str, float]:
-    if not docs:
+    """BM25 score of each document sharing a token with the query (the retrieval package's BM25)."""
+    if not docs or not query:
         return {}
-    n = len(docs)
-    avg = sum(len(d) for d in docs.values()) / n or 1.0
-    df = Counter(t for d in docs.values() for t in set(d))
-    q = Counter(query)
-    scores = {}
-    for key, doc in docs.items():
-        tf = Counter(doc)
-        s = 0.0
-        for t, qn in q.items():
-            if t not in tf:
-                continue
-            idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
-            s += qn * idf * tf[t] * (k1 + 1) / (tf[t] + k1 * (1 - b + b * len(doc) / avg))
-        if s > 0:
-            scores[key] = s
-    return scores
+    keys = list(docs)
+    scores = bm25_model([docs[k] for k in keys], k1=k1, b=b).get_scores(query)
+    return {k: float(s) for k, s in zip(keys, scores) if s > 0}
 
 
-def text_scores(index: CodeIndex, issue: str, top_functions: int = 20) -> dict[str, dict[str, float]]:
+def text_scores(index: FunctionIndex, issue: str, top_functions: int = 20) -> dict[str, dict[str, float]]:
     scores: dict[str, dict[str, float]] = {"files": {}, "functions": {}, "lines": {}}
     query = tokens(issue)
     if not query:
@@ -61,8 +48,8 @@ def text_scores(index: CodeIndex, issue: str, top_functions: int = 20) -> dict[s
         lines = index.sources[rel].splitlines()
         for f in fns:
             # The name counts twice: it is the most telling part of a function's text.
-            docs[f.key] = tokens(f.qualname) * 2 + tokens("\n".join(lines[f.start - 1:f.end]))
-            spans[f.key] = (rel, f.start, lines[f.start - 1:f.end])
+            docs[f.key] = tokens(f.name) * 2 + tokens("\n".join(lines[f.start_line - 1:f.end_line]))
+            spans[f.key] = (rel, f.start_line, lines[f.start_line - 1:f.end_line])
     scores["functions"] = bm25(query, docs)
     for key, s in scores["functions"].items():
         rel = spans[key][0]

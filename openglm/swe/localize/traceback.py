@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from openglm.swe.code import CodeIndex, is_test_path
+from openglm.retrieval.spans import FunctionIndex, is_test_path
 
 _NATIVE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _PYTEST = re.compile(r"^(\S+\.py):(\d+): (?:in (\S+)|(\w[\w.]*(?:Error|Exception|Warning|Exit)\b|\w+))",
@@ -34,7 +34,7 @@ def parse_frames(text: str) -> list[Frame]:
     return [f for _, f in sorted(found, key=lambda t: t[0])]
 
 
-def traceback_scores(index: CodeIndex, texts: list[str]) -> dict[str, dict[str, float]]:
+def traceback_scores(index: FunctionIndex, texts: list[str]) -> dict[str, dict[str, float]]:
     """{"files"|"functions"|"lines": {key: score}}; the deepest repo frame of each text scores 1,
     the one above it 1/2, and so on; scores from several texts add up."""
     scores: dict[str, dict[str, float]] = {"files": {}, "functions": {}, "lines": {}}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from openglm.agent.models.base import Model, ModelError, ModelResponse, ToolCall
+from openglm.agent.llm.base import Model, ModelError, ModelResponse, ToolCall
 from openglm.agent.resilience import Action, LadderConfig, LadderPolicy, MonitorConfig, ResilienceConfig, Threshold
 from openglm.agent.resilience.config import MB, GuardConfig, _default_policies
-from openglm.agent.resilience.hooks import resilience_hooks
+from openglm.agent.resilience.hooks import ResilienceHooks
 from openglm.agent.worker import Worker
 
 
@@ -58,7 +58,7 @@ def fast_config(**guard) -> ResilienceConfig:
 
 
 def worker(config, store, model, rcfg=None) -> Worker:
-    return Worker(config, store=store, model=model, hooks=resilience_hooks(rcfg or fast_config()))
+    return Worker(config, store=store, model=model, hooks=ResilienceHooks(rcfg or fast_config()))
 
 
 def events(store, task_id, kind=None) -> list:

@@ -1,5 +1,7 @@
 """The budget endpoint and /metrics on a real `openglm agent-server` (uvicorn on a free port)."""
 
+import json
+
 import httpx
 from agent_testkit import AgentServer, write_script
 from helpers import free_port
@@ -7,7 +9,10 @@ from helpers import free_port
 
 def test_budget_can_be_raised_through_the_api_and_metrics_are_served(tmp_path):
     script = write_script(tmp_path / "turns.jsonl", [{"content": "", "tool_calls": [{"name": "submit"}]}])
-    server = AgentServer(tmp_path, free_port(), script, workers=0).wait_ready()  # API only: the task stays queued
+    config = tmp_path / "agent.json"  # the resilience layer adds its routes and metrics through its hooks
+    config.write_text(json.dumps({"hooks": ["openglm.agent.resilience.hooks:factory"]}))
+    server = AgentServer(tmp_path, free_port(), script, workers=0,  # API only: the task stays queued
+                         extra_args=("--config", str(config))).wait_ready()
     try:
         ws = tmp_path / "ws"
         ws.mkdir()

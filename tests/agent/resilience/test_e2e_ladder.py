@@ -4,8 +4,8 @@ from agentkit import ScriptedModel, bash, call, dump, events, fast_config, turn,
 from helpers import FaultServer
 
 from openglm.agent import service
-from openglm.agent.models import FallbackModel
-from openglm.agent.models.openai_chat import OpenAIChatModel
+from openglm.agent.llm import FallbackModel
+from openglm.agent.llm.openai_chat import OpenAIChatModel
 
 SUBMIT = {"role": "assistant", "content": "",
           "tool_calls": [{"id": "s1", "type": "function", "function": {"name": "submit", "arguments": "{}"}}]}

@@ -9,9 +9,9 @@ from pathlib import Path
 from agentkit import ScriptedModel, bash, call, dump, events, fast_config, turn, worker
 
 from openglm.agent import service
-from openglm.agent.models import ReplayModel
+from openglm.agent.llm import ReplayModel
 from openglm.agent.resilience import Action, Threshold
-from openglm.agent.resilience.service import raise_budget
+from openglm.agent.resilience.hooks import raise_budget
 
 LEAK = ("python -c \"import time\nopen('partial.txt', 'w').write('x')\nheld = []\n"
         "for i in range(100):\n    held.append(b'1' * 3 * 2**20); time.sleep(0.1)\"")  # 30 MB/s for 10 s
@@ -104,15 +104,15 @@ def test_wall_clock_ends_the_task_timed_out_and_a_raise_while_running_extends_it
 WORKER_SCRIPT = r"""
 import json, os, sys
 from openglm.agent.config import AgentConfig
-from openglm.agent.models import ReplayModel
-from openglm.agent.resilience.hooks import resilience_hooks
+from openglm.agent.llm import ReplayModel
+from openglm.agent.resilience.hooks import ResilienceHooks
 from openglm.agent.store.sqlite_store import SQLiteStore
 from openglm.agent.worker import Worker
 sys.path.insert(0, sys.argv[3])
 from agentkit import fast_config
 config = AgentConfig(data_dir=sys.argv[1], lease_ttl=3.0, poll_interval=0.05)
 worker = Worker(config, store=SQLiteStore(sys.argv[2]), model=ReplayModel(sys.argv[4]),
-                hooks=resilience_hooks(fast_config()))
+                hooks=ResilienceHooks(fast_config()))
 print(json.dumps({"state": worker.run_one(), "pid": os.getpid()}))
 """
 

@@ -9,7 +9,7 @@ import psutil
 from helpers import HOG, IDLE, FaultServer, py, wait_for
 
 from openglm.agent.resilience import Action, MonitorConfig, ResilienceMetrics, ResourceMonitor, Threshold
-from openglm.agent.resilience.actuators import Parallelism, kill_tree, renice_tree
+from openglm.agent.resilience.monitor import Parallelism, kill_tree, renice_tree
 
 
 def _cpu_config() -> MonitorConfig:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from openglm.agent.resilience import (BudgetConfig, BudgetTracker, GoalTree, StepRecord, StuckConfig, StuckDetector,
+from openglm.agent.resilience import (BudgetConfig, BudgetTracker, GoalTree, StepDigest, StuckConfig, StuckDetector,
                                       condense_loop, parse_plan)
 
 
@@ -11,7 +11,7 @@ def _feed(det, steps):
     for i, (action, obs, *rest) in enumerate(steps):
         err = rest[0] if rest else None
         changed = rest[1] if len(rest) > 1 else False
-        sig = det.observe(StepRecord(i, action, obs, err, changed))
+        sig = det.observe(StepDigest(i, action, obs, err, changed))
         if sig:
             signals.append(sig)
     return signals
@@ -36,8 +36,8 @@ def test_repeated_errors_cycles_no_progress_and_context_limit():
     sig = _feed(det, [(f"read {i}", f"content {c}") for i, c in enumerate("abcdef")])
     assert [s.kind for s in sig] == ["no_progress"] and len(sig[0].steps) == 5
     det = StuckDetector(StuckConfig(context_limit_errors=2))
-    det.observe(StepRecord(0, "x", context_limit=True))
-    sig = det.observe(StepRecord(1, "y", context_limit=True))
+    det.observe(StepDigest(0, "x", context_limit=True))
+    sig = det.observe(StepDigest(1, "y", context_limit=True))
     assert sig.kind == "context_limit" and sig.error_class == "context_limit"
 
 

@@ -1,0 +1,151 @@
+"""The package graph: every import between openglm's packages points the allowed way.
+
+The allowed graph is written here, once (docs/contracts.md draws it). The test parses every module
+with `ast` (module-level and function-level imports alike, so a cycle cannot hide in a function)
+and fails on an import the graph does not allow, on a cycle, and on a function-level import without
+a comment saying why it is deferred (an optional or heavy dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "openglm"
+
+# package -> the packages it may import. `util` is the leaf every package may use; `cli` (the
+# top-level entry point, openglm/cli.py) may import anything.
+ALLOWED: dict[str, set[str]] = {
+    "util": set(),
+    "model": {"util"},
+    "tokenizer": {"util"},
+    "client": {"util"},
+    "retrieval": {"tokenizer", "util"},
+    "train": {"model", "tokenizer", "util"},
+    "engine": {"model", "tokenizer", "util"},
+    "server": {"engine", "model", "tokenizer", "util"},
+    "agent": {"retrieval", "client", "util"},
+    "swe": {"agent", "retrieval", "client", "model", "tokenizer", "util"},
+    "__init__": {"util"},  # openglm/__init__.py: lazy exports name their modules as strings
+    "__main__": {"cli"},
+}
+ANYTHING = {"cli"}
+
+
+def package_of(module: str) -> str | None:
+    """'openglm.agent.loop' -> 'agent'; 'openglm.tokenizer' -> 'tokenizer'; 'openglm' -> '__init__'."""
+    parts = module.split(".")
+    if parts[0] != "openglm":
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def module_of(path: Path) -> tuple[str, bool]:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    is_package = parts[-1] == "__init__"
+    return ".".join(parts[:-1] if is_package else parts), is_package
+
+
+def imported_modules(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[: len(base) - node.level + 1]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    if target == "openglm":  # `from openglm import retrieval` imports a package; `import __version__` the root
+        return [f"openglm.{a.name}" if (PACKAGE / a.name).is_dir() or (PACKAGE / f"{a.name}.py").is_file()
+                else target for a in node.names]
+    return [target]
+
+
+def function_level(tree: ast.Module) -> dict[int, tuple[int, int]]:
+    """id of each import node inside a function -> (first, last line) of its run of consecutive
+    imports: one comment above or in a run explains the whole run."""
+    inner = {}
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            for body in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
+                run: list[ast.stmt] = []
+                for stmt in [*body, None] if isinstance(body, list) else []:
+                    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                        run.append(stmt)
+                        continue
+                    for imp in run:
+                        inner[id(imp)] = (run[0].lineno, run[-1].end_lineno)
+                    run = []
+    return inner
+
+
+def scan():
+    """(source package, target package, 'path:line', function-level?, has a comment?) for every import
+    of another openglm package, plus every function-level import (any module) for the comment rule."""
+    arrows, deferred = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module, is_package = module_of(path)
+        src = package_of(module)
+        text = path.read_text()
+        lines = text.splitlines()
+        tree = ast.parse(text)
+        inner = function_level(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            if id(node) in inner:
+                first, last = inner[id(node)]
+                span = lines[first - 2:last]  # the line above the run, and the run
+                deferred.append((where, any("#" in line for line in span)))
+            for target in imported_modules(node, module, is_package):
+                dst = package_of(target)
+                if dst is not None and dst != src:
+                    arrows.append((src, dst, where))
+    return arrows, deferred
+
+
+def test_the_allowed_graph_has_no_cycle():
+    state: dict[str, int] = {}
+
+    def visit(p, trail):
+        assert state.get(p) != 1, f"cycle in ALLOWED: {' -> '.join(trail + [p])}"
+        if state.get(p) == 2:
+            return
+        state[p] = 1
+        for q in ALLOWED.get(p, ()):
+            visit(q, trail + [p])
+        state[p] = 2
+
+    for p in ALLOWED:
+        visit(p, [])
+
+
+def test_every_package_import_points_the_allowed_way():
+    arrows, _ = scan()
+    assert arrows, "the scan found no imports between packages: it is broken"
+    known = set(ALLOWED) | ANYTHING
+    wrong = [f"{where}: {src} imports {dst}" for src, dst, where in arrows
+             if src not in ANYTHING and (src not in known or dst not in ALLOWED[src])]
+    assert not wrong, "imports against the package graph (tests/test_architecture.py ALLOWED):\n" + "\n".join(wrong)
+
+
+def test_function_level_imports_say_why():
+    _, deferred = scan()
+    silent = [where for where, commented in deferred if not commented]
+    assert not silent, ("function-level imports without a comment (import at module level, or say why it is "
+                        "deferred: an optional or heavy dependency):\n" + "\n".join(silent))
+
+
+def test_the_scan_sees_function_level_and_relative_imports(tmp_path):
+    tree = ast.parse("from .guard import Guard\n\ndef f():\n    from openglm.model import sampling  # heavy\n")
+    inner = function_level(tree)
+    nodes = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert [id(n) in inner for n in nodes] == [False, True]
+    assert imported_modules(nodes[0], "openglm.agent.resilience.hooks", False) == ["openglm.agent.resilience.guard"]
+    assert package_of(imported_modules(nodes[1], "openglm.agent.x", False)[0]) == "model"
+    root = ast.parse("from openglm import retrieval").body[0]
+    assert imported_modules(root, "openglm.swe.localize", True) == ["openglm.retrieval"]
