@@ -53,6 +53,7 @@ def cmd_info(args) -> int:
 
 def _check_layout(layout, cfg) -> None:
     """The checks `openglm serve` / `openglm train` apply to this layout (without a process count)."""
+    # deferred like the handler's imports: `openglm --help` imports this module
     from openglm.model.parallel import check_serving_layout, check_training_layout
 
     if layout.tp > 1 or layout.dp == 1:

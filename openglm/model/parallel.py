@@ -19,6 +19,7 @@ import torch
 
 from openglm.model.config import ModelConfig
 from openglm.model.errors import ConfigError
+from openglm.model.model import GlmMoeDsaForCausalLM
 
 LONG_NAMES = {"data_parallel": "dp", "expert_parallel": "ep", "tensor_parallel": "tp", "pipeline_parallel": "pp"}
 
@@ -123,8 +124,6 @@ TRAIN_BYTES_PER_PARAM = 16  # fp32 weight + fp32 gradient + AdamW's two fp32 mom
 def rank_parameters(cfg: ModelConfig, layout: ParallelLayout, mode: str) -> dict[str, float]:
     """Parameters one rank holds, per component ("routed_experts", "tp_sharded", "replicated" / "fsdp_sharded"),
     for mode "serve" (tp/ep) or "train" (FSDP2 over dp, experts over ep). Built on the meta device."""
-    from openglm.model.model import GlmMoeDsaForCausalLM
-
     with torch.device("meta"):
         model = GlmMoeDsaForCausalLM(cfg)
     dense_layers = {i for i, t in enumerate(cfg.mlp_layer_types) if t == "dense"}

@@ -35,12 +35,11 @@ def register(subparsers):
 
 
 def serve(args) -> int:
+    if args.config is not None or args.checkpoint is None:
+        return _serve_config(args)
     import os
     import sys
     from pathlib import Path
-
-    if args.config is not None or args.checkpoint is None:
-        return _serve_config(args)
 
     import torch  # heavy: loaded when serving, `openglm --help` stays fast
     import uvicorn
@@ -70,9 +69,7 @@ def serve(args) -> int:
 
 
 def _serve_config(args) -> int:
-    import sys
-
-    from openglm.server.deploy_config import load_deploy_config
+    import sys  # with the heavy imports below: this module is imported by `openglm --help`
 
     if args.config is None:
         print("openglm serve: give a CHECKPOINT folder or --config deploy.yaml", file=sys.stderr)
@@ -81,12 +78,15 @@ def _serve_config(args) -> int:
         print("openglm serve: give either a CHECKPOINT or --config (the config names the model), not both",
               file=sys.stderr)
         return 2
-    if args.threads:
-        import torch
+    # heavy (torch, the engine, uvicorn): loaded when serving, `openglm --help` stays fast
+    import torch
 
+    from openglm.server.deploy_config import load_deploy_config
+    from openglm.server.launch import serve_deploy
+
+    if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        from openglm.server.launch import serve_deploy
 
         return serve_deploy(load_deploy_config(args.config), api_key=args.api_key, log_level=args.log_level)
     except (OSError, ValueError) as exc:

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
+import sys
+
+from openglm.server.deploy_config import load_deploy_config
+from openglm.server.handoff import launch_command
+
 
 def register(subparsers):
     p = subparsers.add_parser(
@@ -15,14 +23,6 @@ def register(subparsers):
 
 
 def deploy(args) -> int:
-    import os
-    import shlex
-    import shutil
-    import sys
-
-    from openglm.server.deploy_config import load_deploy_config
-    from openglm.server.handoff import launch_command
-
     try:
         argv, notes = launch_command(load_deploy_config(args.config), args.engine)
     except ValueError as e:

@@ -9,12 +9,16 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import uvicorn
 
 from openglm.engine import EngineConfig, LLMEngine
+from openglm.engine.quant import quantize_model
+from openglm.engine.tokenizing import EngineTokenizer
 from openglm.engine.model_runner import ModelRunner
 from openglm.engine.parallel import BroadcastingModelRunner, follow_steps, shard_for_serving
-from openglm.model.checkpoint import read_config, resolve_checkpoint
+from openglm.model.checkpoint import load_model, read_config, resolve_checkpoint
 from openglm.model.parallel import check_serving_layout
+from openglm.server.app import create_app
 from openglm.server.deploy_config import DeployConfig
 
 
@@ -42,10 +46,6 @@ def unused_fields(cfg: DeployConfig) -> list[str]:
 def build_parallel_engine(cfg: DeployConfig):
     """Every rank: load, shard, quantise. Returns the LLMEngine on rank 0 and a plain ModelRunner elsewhere.
     The layout is checked against the checkpoint's config before any process group starts."""
-    from openglm.engine.quant import quantize_model
-    from openglm.engine.tokenizing import EngineTokenizer
-    from openglm.model import load_model
-
     path = resolve_checkpoint(cfg.model)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     check_serving_layout(cfg.layout, read_config(path), world)
@@ -66,10 +66,6 @@ def build_parallel_engine(cfg: DeployConfig):
 
 
 def serve_deploy(cfg: DeployConfig, api_key: str | None = None, log_level: str = "info") -> int:
-    import uvicorn
-
-    from openglm.server.app import create_app
-
     built = build_parallel_engine(cfg)
     if isinstance(built, ModelRunner):  # a follower rank
         follow_steps(built)
