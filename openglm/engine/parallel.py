@@ -1,4 +1,4 @@
-"""Tensor + expert parallel serving on torch.distributed (gloo on CPU, nccl on GPU).
+"""Tensor + expert parallel serving on torch.distributed (gloo: openglm's engine runs on the CPU).
 
 Layout `tp=T,ep=P` on T processes (`check_serving_layout`), each holding the same loaded checkpoint, then
 sharded in place:

@@ -50,7 +50,8 @@ def build_parallel_engine(cfg: DeployConfig):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     check_serving_layout(cfg.layout, read_config(path), world)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=IDLE_TIMEOUT)
+        # gloo: openglm's engine runs on the CPU (GPU serving is the vLLM/SGLang hand-off)
+        dist.init_process_group("gloo", timeout=IDLE_TIMEOUT)
     config = engine_config(cfg)
     model = shard_for_serving(load_model(str(path), dtype=getattr(torch, config.dtype)), cfg.layout)
     if config.quantization:
