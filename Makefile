@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 FIND_LINKS := $(if $(wildcard /opt/wheels),-f /opt/wheels,)
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install system-deps bench clean lint-docker
+.PHONY: demo test install system-deps bench clean interop lint-docker
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null); \
 	  else echo "redis-server is missing: install it (e.g. apt-get install redis-server)"; exit 1; fi; }
+	@# setsid (util-linux) and pgrep (procps): the process-confinement tests start escaping children with them.
+	@command -v setsid >/dev/null 2>&1 && command -v pgrep >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq util-linux procps >/dev/null); \
+	  else echo "setsid / pgrep are missing: install util-linux and procps"; exit 1; fi; }
 	@# A C compiler builds the DSA kernels on first use (openglm/model/native.py); without one the torch-op path runs.
 	@command -v cc >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -44,6 +49,17 @@ test: $(STAMP) system-deps
 # No container engine runs on the test machines: the Dockerfile is linted instead of built (docs/scaling.md).
 lint-docker: $(STAMP)
 	$(BIN)/hadolint Dockerfile
+
+# Opt-in (not part of `make test`): build llama-cpp-python 0.3.36 from its sdist (CPU; ~12 min on 2 cores) into
+# $(LLAMA_CACHE), convert openglm checkpoints with its convert_hf_to_gguf.py, compare greedy continuations.
+LLAMA_CACHE ?= $(HOME)/.cache/openglm/llama-cpp
+interop: $(STAMP)
+	@command -v cmake >/dev/null 2>&1 && command -v c++ >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ >/dev/null); \
+	  else echo "interop needs cmake and a C++ compiler"; exit 1; fi; }
+	PY=$(abspath $(BIN))/python bash interop/build_llama_cpp.sh $(LLAMA_CACHE)
+	$(BIN)/python -m pytest -q interop --llama-cache $(LLAMA_CACHE)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -19,8 +19,9 @@ from pydantic import BaseModel
 from openglm.agent import dashboard, service
 from openglm.agent.config import AgentConfig
 from openglm.agent.hooks import Hooks, load_hooks
-from openglm.agent.store import StateConflict, TaskNotFound, open_store
+from openglm.agent.store import StateConflict, StoreUnavailable, TaskNotFound, open_store
 from openglm.agent.task import ConstraintError, TaskState
+from openglm.agent.trust import check_model_spec, redact
 
 
 class SubmitRequest(BaseModel):
@@ -47,9 +48,10 @@ def check_bind(host: str, token: str | None) -> None:
 
 
 def create_app(config: AgentConfig, store=None, token: str | None = None, hooks: Hooks | None = None,
-               view_token: str | None = None) -> FastAPI:
+               view_token: str | None = None, workers=None) -> FastAPI:
     """The task API over `store`; the hook layers of `config.hooks` (or `hooks`) add their routes and metrics.
-    `view_token` (optional) is a read-only key: GET routes only (the dashboard without its controls)."""
+    `view_token` (optional) is a read-only key: GET routes only (the dashboard without its controls).
+    `workers`: the embedded WorkerPool whose liveness /health reports (None: workers run elsewhere)."""
     store = store or open_store(config.store_url)
     hooks = hooks if hooks is not None else load_hooks(config.hooks, config)
     app = FastAPI(title="openglm agent", version="1")
@@ -85,18 +87,33 @@ def create_app(config: AgentConfig, store=None, token: str | None = None, hooks:
     async def conflict(request, exc):
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
+    @app.exception_handler(StoreUnavailable)
+    async def store_down(request, exc: StoreUnavailable):
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "5"})
+
     @app.get("/health")
     def health():
-        return {"ok": True}
+        """200 while the store answers and (with embedded workers) at least one worker is alive."""
+        body = {"ok": True, "store": "ok"}
+        try:
+            store.check()
+        except StoreUnavailable as exc:
+            body.update(ok=False, store=str(exc))
+        if workers is not None:
+            body.update(workers.health())
+            body["ok"] = body["ok"] and body["workers_alive"] > 0
+        return JSONResponse(body, status_code=200 if body["ok"] else 503)
 
     @app.post("/v1/tasks", status_code=201)
     def submit(req: SubmitRequest):
+        if req.model is not None:  # an API client may only use the server's allow-listed models and files
+            check_model_spec(config, req.model)
         task = service.submit(store, config, req.objective, req.workspace, req.constraints, req.repo, req.model)
-        return {"task_id": task.id, **task.to_dict()}
+        return {"task_id": task.id, **redact(task.to_dict())}
 
     @app.get("/v1/tasks")
     def list_tasks(limit: int = 100):
-        return {"tasks": [t.to_dict() for t in store.list_tasks(limit)]}
+        return {"tasks": [redact(t.to_dict()) for t in store.list_tasks(limit)]}
 
     @app.get("/v1/tasks/{task_id}")
     def status(task_id: str, recent: int = 20):

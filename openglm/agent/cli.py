@@ -139,6 +139,47 @@ def cmd_list(args):
         print(f"{t['id']}  {t['state']:<12} step {t['step']:<4} {t['objective'][:60]}")
 
 
+def _reporting_store_errors(func):
+    """A corrupt or unreadable store is one line on stderr (with the recovery command) and exit 2."""
+
+    def run(args):
+        from openglm.agent.store import StoreCorrupt, StoreUnavailable  # sqlite/redis: loaded when a command runs
+
+        try:
+            return func(args)
+        except (StoreCorrupt, StoreUnavailable) as e:
+            print(f"openglm: {e}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def _sqlite_path(args) -> str:
+    config = _load_config(args)
+    if config.store_url.startswith(("redis://", "rediss://", "unix://")):
+        raise SystemExit("backup/restore work on a SQLite store; back Redis up with its own BGSAVE / AOF")
+    return config.store_url.removeprefix("sqlite://")
+
+
+def cmd_backup(args):
+    from openglm.agent.store.sqlite_store import SQLiteStore  # (as above)
+
+    store = SQLiteStore(_sqlite_path(args))
+    try:
+        store.backup(args.dest)
+    finally:
+        store.close()
+    print(f"backed up {store.path} to {args.dest}")
+
+
+def cmd_restore(args):
+    from openglm.agent.store.sqlite_store import SQLiteStore  # (as above)
+
+    path = _sqlite_path(args)
+    SQLiteStore.restore(args.src, path)
+    print(f"restored {path} from {args.src} (start the workers again)")
+
+
 def cmd_agent_server(args):
     from openglm.agent.server import serve  # uvicorn + FastAPI: loaded when the command runs
 
@@ -191,6 +232,13 @@ def register(subparsers):
     p.add_argument("task_id")
     p.add_argument("step", type=int)
 
+    for name, func, arg, help in (("backup", cmd_backup, "dest", "copy the SQLite store to DEST (online: workers may run)"),
+                                  ("restore", cmd_restore, "src", "replace the SQLite store with the backup SRC "
+                                                                  "(stop the workers first)")):
+        p = sub.add_parser(name, help=help)
+        _config_args(p)
+        p.add_argument(arg, help="backup file path")
+        p.set_defaults(func=_reporting_store_errors(func), action=name)
     p = add("export-html", "write a task's trajectory as one self-contained (offline) HTML file", cmd_export_html)
     p.add_argument("task_id")
     p.add_argument("--out", "-o", help="output file (default: <task_id>.html in the current folder)")
@@ -204,12 +252,12 @@ def register(subparsers):
     p.add_argument("--view-token", default=None,
                    help="read-only bearer token (or OPENGLM_AGENT_VIEW_TOKEN): GET routes and the dashboard "
                         "without its controls (default: none)")
-    p.set_defaults(func=cmd_agent_server)
+    p.set_defaults(func=_reporting_store_errors(cmd_agent_server))
 
     p = subparsers.add_parser("worker", help="an extra worker for a shared store (e.g. redis://...)")
     _config_args(p)
     p.add_argument("--once", action="store_true", help="run one task, then exit")
-    p.set_defaults(func=cmd_worker)
+    p.set_defaults(func=_reporting_store_errors(cmd_worker))
 
 
 def main(argv: list[str] | None = None) -> int:

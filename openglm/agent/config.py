@@ -25,6 +25,10 @@ class AgentConfig:
     resilience: dict = field(default_factory=dict)  # settings of openglm.agent.resilience (docs/resilience.md)
     context_limit: int = 100_000  # tokens; older observations are condensed near it
     max_output: int = 20_000  # characters of tool output kept (head + tail)
+    # what a per-task model spec may use (openglm/agent/trust.py); `model`'s own URL / replay dir are allowed too
+    model_base_urls: list[str] = field(default_factory=list)
+    replay_dirs: list[str] = field(default_factory=list)
+    model_key_envs: list[str] = field(default_factory=lambda: ["OPENGLM_MODEL_API_KEY"])
 
     def __post_init__(self):
         if isinstance(self.model, dict):

@@ -58,6 +58,7 @@ class TaskRun:
                      {"started_at": self.task.started_at or time.time()})
         if resumed:
             self.snapshots.restore(self.state.snapshot)  # drop whatever the interrupted step left behind
+            self._explain_fault_pause()
         else:
             sha = self.snapshots.take("step 0")
             self._commit(0, [("snapshot", {"id": sha, "changed": True})], sha)
@@ -75,7 +76,25 @@ class TaskRun:
             for m in monitors:
                 m.stop()
 
+    def _explain_fault_pause(self) -> None:
+        """If the previous run paused on a fault (the store or the disk filled up), tell the model why
+        before it redoes the step, instead of replaying the step that caused it blindly."""
+        for e in reversed(self.store.all_events(self.task.id)[:-1]):  # [-1] is our own run_started
+            if e.kind == "run_started":
+                return
+            reason = str(e.data.get("reason", "")) if e.kind == "state" else ""
+            if e.data.get("state") == TaskState.PAUSED.value and ("store:" in reason or "disk full" in reason):
+                content = (f"The task was paused during step {self.state.next_step}, which was not committed: "
+                           f"{reason}. The workspace was restored to the last committed step. If that step writes "
+                           "a lot of data, write less (or clean up first) rather than repeating it as it was.")
+                events = [("guidance", {"content": content})] + ([("pending_discarded", {})] if self.state.pending else [])
+                self._append([(k, self.state.step, d) for k, d in events])
+                for kind, data in events:
+                    self.state.apply(kind, data)
+                return
+
     def _should_stop(self) -> tuple[str, str] | None:
+
         task = self.store.get_task(self.task.id)
         self.ctx.control = task.control
         if task.control == "cancel":

@@ -8,6 +8,7 @@ running task is paused or cancelled through `control`, which its worker honours 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from openglm.agent.snapshot import Snapshots
 from openglm.agent.state import rebuild
 from openglm.agent.store import StateConflict
 from openglm.agent.task import ConstraintError, Task, TaskState, new_task_id, parse_constraints
+from openglm.agent.trust import check_no_secrets, redact, resolve_model_spec
 
 S = TaskState
 _GIT_URL = re.compile(r"^(https?://|ssh://|git://|file://|git@)|\.git/?$")
@@ -50,13 +52,19 @@ def submit(store, config: AgentConfig, objective: str, workspace: str | None = N
         raise ConstraintError("objective", "must be a non-empty string")
     parse_constraints(constraints)  # validate now: 422 at submit, never a failure hours later
     if model is not None:
-        _check_model(model)
+        check_no_secrets(model)  # API clients are also held to the allow-lists (trust.check_model_spec)
+        _check_model(resolve_model_spec(model))
     task_id = new_task_id()
+    created = Path(config.data_dir).resolve() / "workspaces" / task_id  # made here only for repo/no workspace
     task = Task(id=task_id, objective=objective, workspace=_workspace(config, task_id, workspace, repo),
                 constraints=dict(constraints or {}), meta={"model": model} if model else {})
-    store.create_task(task)
-    store.append(task.id, [("task_created", 0, {"objective": objective, "workspace": task.workspace,
-                                                "constraints": task.constraints})])
+    try:  # the task row and its first event in one write: no task without a log
+        store.create_task(task, [("task_created", 0, {"objective": objective, "workspace": task.workspace,
+                                                      "constraints": task.constraints})])
+    except BaseException:
+        if Path(task.workspace) == created:  # no orphan workspace either
+            shutil.rmtree(created, ignore_errors=True)
+        raise
     return task
 
 
@@ -132,4 +140,4 @@ def status(store, task_id: str, recent: int = 20) -> dict:
     task = store.get_task(task_id)
     total = store.event_count(task_id)
     events = [e.to_dict() for e in store.events(task_id, after=max(0, total - recent), limit=recent)] if recent else []
-    return {**task.to_dict(), "recent_events": events}
+    return {**redact(task.to_dict()), "recent_events": events}

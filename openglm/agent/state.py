@@ -79,6 +79,8 @@ class AgentState:
             self.phase, self.phase_data = data["phase"], data.get("data", {})
         elif kind == "guidance":  # a message to the model from a layer above the loop (recovery ladder)
             self.blocks.append(Block(self.step, [{"role": "user", "content": data["content"]}]))
+        elif kind == "pending_discarded":  # a fault paused the step: ask the model again, do not replay it
+            self.pending = None
         elif kind == "loop_condensed":
             self.condensed_steps.update(data["steps"])
         elif kind == "condensation":

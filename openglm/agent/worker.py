@@ -3,6 +3,11 @@
 A worker that stops heartbeating (killed, frozen, partitioned) loses its lease after
 `lease_ttl`; any other worker then claims the task and resumes it from the log. Writes are
 fenced by the lease, so the old worker can never write again even if it wakes up.
+
+Store faults never kill the loop: a `StoreUnavailable` (disk full, Redis down) stops the task's
+run with nothing written, the worker remembers to record the task as PAUSED with the reason
+("store: disk full") and backs off (doubling, up to STORE_BACKOFF_MAX_S), retrying that record
+before it claims anything else.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ import errno
 import importlib
 import os
 import socket
+import sys
 import threading
+import time
 import traceback
 import uuid
 from pathlib import Path
@@ -25,9 +32,14 @@ from openglm.agent.llm import ModelError, ModelSpec, build_model
 from openglm.agent.policy import ToolCallingPolicy
 from openglm.agent.process import kill_leftover_commands
 from openglm.agent.snapshot import Snapshots
-from openglm.agent.store import LeaseLost, open_store
+from openglm.agent.store import LeaseLost, StoreUnavailable, TaskNotFound, open_store
 from openglm.agent.task import TaskState
+from openglm.agent.trust import resolve_model_spec
 from openglm.agent.tools import ResourceLimiter, ToolBox
+
+
+STORE_BACKOFF_MIN_S, STORE_BACKOFF_MAX_S = 0.5, 30.0
+PENDING_RETRY_S = 0.25  # how often a worker retries recording the PAUSED state a store fault interrupted
 
 
 class Worker:
@@ -39,6 +51,9 @@ class Worker:
         self.model = model
         self.hooks = hooks if hooks is not None else load_hooks(config.hooks, config)
         self.policy_factory = policy_factory or self._load_policy_factory()
+        self.store_error: str | None = None  # the last store fault, None once the store answers again
+        self.pending_pause: tuple | None = None  # (task id, step, snapshot, reason) still to be recorded
+        self.last_beat = time.monotonic()  # the loop's own liveness, for /health
 
     def _load_policy_factory(self):
         if not self.config.policy:
@@ -53,13 +68,43 @@ class Worker:
     def serve(self, stop: threading.Event | None = None, max_tasks: int | None = None) -> int:
         """Claim and run tasks until `stop` is set (or `max_tasks` runs are done)."""
         stop = stop or threading.Event()
-        done = 0
+        done, backoff = 0, STORE_BACKOFF_MIN_S
         while not stop.is_set() and (max_tasks is None or done < max_tasks):
-            if self.run_one() is None:
+            self.last_beat = time.monotonic()
+            try:
+                self._record_pending_pause()
+                ran = self.run_one()
+            except StoreUnavailable as exc:
+                if self.store_error != str(exc):
+                    print(f"worker {self.id}: {exc}; retrying with backoff", file=sys.stderr, flush=True)
+                self.store_error = str(exc)
+                if self.pending_pause is not None:  # our own task's state first: retry it often, so that
+                    stop.wait(PENDING_RETRY_S)      # we record it before a backed-off peer claims the task
+                    continue
+                stop.wait(backoff)
+                backoff = min(backoff * 2, STORE_BACKOFF_MAX_S)
+                continue
+            self.store_error, backoff = None, STORE_BACKOFF_MIN_S
+            if ran is None and self.pending_pause is None:
                 stop.wait(self.config.poll_interval)
-            else:
+            elif ran is not None:
                 done += 1
         return done
+
+    def _record_pending_pause(self) -> None:
+        """Record the PAUSED state a store fault kept us from writing (fenced: if another worker has
+        taken the task since, it is theirs and there is nothing to record)."""
+        if self.pending_pause is None:
+            return
+        task_id, step, snapshot, reason = self.pending_pause
+        try:
+            self.store.append(task_id, [("state", step, {"state": TaskState.PAUSED.value, "reason": reason,
+                                                         "snapshot": snapshot})],
+                              {"state": TaskState.PAUSED.value, "reason": reason, "worker": "", "control": ""},
+                              worker=self.id)
+        except (LeaseLost, TaskNotFound):
+            pass
+        self.pending_pause = None
 
     def run_one(self) -> str | None:
         task = self.store.claim(self.id, self.config.lease_ttl)
@@ -77,12 +122,16 @@ class Worker:
         try:
             snapshots = Snapshots(task.workspace, task_dir / "snapshots.git", self.config.ignore)
             toolbox = ToolBox(task.workspace, limiter, constraints.command_timeout_s, self.config.max_output)
-            model = self.model or build_model(task.meta.get("model") or self.config.model or ModelSpec())
+            spec = resolve_model_spec(task.meta["model"]) if task.meta.get("model") else None  # key: from env
+            model = self.model or build_model(spec or self.config.model or ModelSpec())
             run = TaskRun(self.store, task, self.id, model, toolbox, snapshots, self.policy_factory(), self.hooks)
             heartbeat.start(run.ctx)
             return run.run()
         except LeaseLost:
             return None
+        except StoreUnavailable as e:  # nothing was written: record the pause once the store is back
+            self._defer_pause(task, run, str(e))
+            raise
         except OSError as e:
             if e.errno != errno.ENOSPC:
                 return self._stop(task, run, TaskState.FAILED, f"error: {e}")
@@ -98,6 +147,10 @@ class Worker:
             if snapshots is not None:
                 snapshots.close()  # its inotify watches count against a per-user limit
 
+    def _defer_pause(self, task, run, reason: str) -> None:
+        step = run.state.step if run and run.state else 0
+        self.pending_pause = (task.id, max(step, 0), run.state.snapshot if run and run.state else "", reason)
+
     def _stop(self, task, run, state: TaskState, reason: str) -> str | None:
         step = run.state.step if run and run.state else 0
         snapshot = run.state.snapshot if run and run.state else ""
@@ -107,6 +160,9 @@ class Worker:
                               {"state": state.value, "reason": reason, "worker": "", "control": ""}, worker=self.id)
         except (LeaseLost, OSError):
             return None
+        except StoreUnavailable as e:
+            self._defer_pause(task, run, f"{reason}; {e}")
+            raise
         return state.value
 
 

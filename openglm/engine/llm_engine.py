@@ -140,25 +140,62 @@ class LLMEngine:
 
     # ---- one step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Advance every scheduled sequence by one step. If the batched step raises, the batch is
+        re-run one sequence at a time: the sequences that still fail finish with "error" (their
+        requests alone), the others advance as if nothing had happened."""
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
-        logits = self.runner.run(batch.seqs, batch.num_tokens)
+        try:
+            ready, failed = self._run(batch.seqs, batch.num_tokens)
+        except Exception:  # noqa: BLE001 - find the sequence(s) at fault instead of failing the batch
+            ready, failed = self._run_one_by_one(batch.seqs, batch.num_tokens)
         self.counters["steps"] += 1
         self.counters["computed_tokens"] += batch.total_tokens
-        ready, rows = [], []  # sequences whose inputs are all computed (they get a new token), their rows
-        for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens)):
+        outputs = [self._fail(rid, why) for rid, why in failed.items() if rid in self.requests]
+        touched = dict.fromkeys(s.request_id for s in ready if s.request_id not in failed)
+        return outputs + [self._output(rid) for rid in touched if rid in self.requests]
+
+    def _run(self, seqs: list[Sequence], num_tokens: list[int]) -> tuple[list[Sequence], dict[str, str]]:
+        """One model call and sampling for `seqs`; state changes only once both succeeded. Returns the
+        sequences that got a token and {request id: why} for those whose token could not be applied."""
+        logits = self.runner.run(seqs, num_tokens)
+        rows = [row for row, (seq, n) in enumerate(zip(seqs, num_tokens))
+                if seq.num_computed_tokens + n == seq.num_tokens]  # all inputs computed: gets a new token
+        ready = [seqs[row] for row in rows]
+        tokens, logprobs = self.sampler(logits[rows], ready) if ready else ([], [])
+        for seq, n in zip(seqs, num_tokens):
             seq.num_computed_tokens += n
             self.block_manager.commit(seq)
-            if seq.num_computed_tokens == seq.num_tokens:
-                ready.append(seq)
-                rows.append(row)
-        if ready:
-            tokens, logprobs = self.sampler(logits[rows], ready)
-            for seq, token, lp in zip(ready, tokens, logprobs):
+        failed = {}
+        for seq, token, lp in zip(ready, tokens, logprobs):
+            try:
                 self._append(seq, token, lp)
-        touched = dict.fromkeys(s.request_id for s in ready)
-        return [self._output(rid) for rid in touched if rid in self.requests]
+            except Exception as exc:  # noqa: BLE001 - e.g. detokenizing: this request fails, alone
+                failed[seq.request_id] = f"{type(exc).__name__}: {exc}"
+        return ready, failed
+
+    def _run_one_by_one(self, seqs: list[Sequence], num_tokens: list[int]) -> tuple[list[Sequence], dict[str, str]]:
+        ready, failed = [], {}
+        for seq, n in zip(seqs, num_tokens):
+            if seq.request_id in failed or seq.is_finished:
+                continue
+            try:
+                got, why = self._run([seq], [n])
+                ready += got
+                failed.update(why)
+            except Exception as exc:  # noqa: BLE001 - this sequence's request fails, alone
+                failed[seq.request_id] = f"{type(exc).__name__}: {exc}"
+        return ready, failed
+
+    def _fail(self, request_id: str, why: str) -> RequestOutput:
+        """Finish a request with "error" (all its choices) and free its blocks."""
+        for seq in self.requests.get(request_id, []):
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "error")
+        out = self._output(request_id)
+        out.error = why
+        return out
 
     def _append(self, seq: Sequence, token: int, logprob: dict | None) -> None:
         if seq.num_output_tokens == 0:

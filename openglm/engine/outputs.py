@@ -10,7 +10,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: str | int | None = None
     logprobs: list[dict] | None = None
     delta_text: str = ""  # new since the previous report (for streaming)
@@ -30,3 +30,4 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     metrics: dict = field(default_factory=dict)  # arrival, first token and finish times (monotonic seconds)
+    error: str | None = None  # set when a step failed for this request alone (it finished with "error")

@@ -1,8 +1,12 @@
 """Hugging Face checkpoints: `load_model(path)` and `save_pretrained(model, path)`.
 
 Layout: config.json + model.safetensors, or shards model-0000i-of-0000n.safetensors listed in
-model.safetensors.index.json. Loading memory-maps the shards and checks the total size against
-available memory before reading anything; saving writes a sibling temp directory and renames it
+model.safetensors.index.json. Loading treats every file as untrusted and checks, before memory-mapping
+anything: the config (types, ranges, model type), the index (shards confined to the folder), each shard's
+header (offsets within the file, so a truncated file is named), the dtypes (floating point only, one
+checkpoint dtype except the tensors the model keeps in fp32), and the total size against available memory.
+Then it reads each tensor (dequantising FP8 block-quantised weights, see fp8.py), rejects NaN/inf weights,
+and names the first missing or unexpected tensor. Saving writes a sibling temp directory and renames it
 into place, so a crash mid-save never leaves a half checkpoint that loads.
 """
 
@@ -12,18 +16,21 @@ import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 from contextlib import ExitStack
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
 import psutil
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from openglm.model import weights
-from openglm.model.config import ModelConfig
-from openglm.model.errors import (CheckpointError, CheckpointTooLargeError, MissingShardError,
-                                  MissingTensorError, UnexpectedTensorError)
+from openglm.model import fp8, weights
+from openglm.model.config import FP32_TENSORS, ModelConfig
+from openglm.model.errors import (CheckpointError, CheckpointPathError, CheckpointTooLargeError, ConfigError,
+                                  CorruptShardError, MissingShardError, MissingTensorError, NonFiniteTensorError,
+                                  TensorDTypeError, UnexpectedTensorError)
 from openglm.model.model import GlmMoeDsaForCausalLM
 from openglm.model.rope import RotaryEmbedding
 from openglm.util.files import replace_dir
@@ -31,18 +38,46 @@ from openglm.util.files import replace_dir
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_SIZES = {"F32": 4, "BF16": 2, "F16": 2, "F64": 8, "I64": 8, "I32": 4, "F8_E4M3": 1, "U8": 1}
+# safetensors dtype -> (element bytes, torch dtype or None if openglm never loads it)
+_ST_DTYPES = {"F64": (8, torch.float64), "F32": (4, torch.float32), "BF16": (2, torch.bfloat16),
+              "F16": (2, torch.float16), "F8_E4M3": (1, torch.float8_e4m3fn), "F8_E5M2": (1, None),
+              "I64": (8, None), "I32": (4, None), "I16": (2, None), "I8": (1, None), "U64": (8, None),
+              "U32": (4, None), "U16": (2, None), "U8": (1, None), "BOOL": (1, None)}
+_FLOAT = {"F64", "F32", "BF16", "F16"}
+_ST_NAMES = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+MAX_HEADER_BYTES = 100 << 20
 
 
-def save_pretrained(model: GlmMoeDsaForCausalLM, path, max_shard_size: int = 2 << 30) -> None:
+@dataclass
+class TensorInfo:
+    file: Path
+    dtype: str  # safetensors dtype name, e.g. "BF16"
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def save_pretrained(model: GlmMoeDsaForCausalLM, path, max_shard_size: int = 2 << 30,
+                    quantization: fp8.Fp8Config | None = None) -> None:
+    """Write `model` as a Hugging Face checkpoint; with `quantization`, as an FP8 block-quantised one (the
+    format of the -FP8 releases, which vLLM and SGLang serve)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = _hf_state_dict(model)
+    if quantization is not None:
+        tensors = _quantized(tensors, quantization)
     shards = _split(tensors, max_shard_size)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         cfg = model.config.to_hf_dict()
         cfg["dtype"] = str(model.dtype).removeprefix("torch.")
+        if quantization is not None:
+            cfg["quantization_config"] = quantization.to_hf()
         _write_json(tmp / "config.json", cfg)
         names = [SINGLE] if len(shards) == 1 else [
             f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
@@ -60,12 +95,25 @@ def save_pretrained(model: GlmMoeDsaForCausalLM, path, max_shard_size: int = 2 <
 
 def _hf_state_dict(model) -> dict[str, torch.Tensor]:
     out = {}
+    n = model.config.num_hidden_layers
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
-        for hf_name, piece in weights.to_hf(name, t.detach()):
+        for hf_name, piece in weights.to_hf(weights.hf_name(name, n), t.detach()):
             # Expert slices share storage with the stacked tensor; safetensors wants separate storage.
             out[hf_name] = piece.contiguous() if piece is t else piece.clone()
+    for hf_name, t in getattr(model, "mtp_extra", {}).items():
+        out[hf_name] = t.detach().contiguous()
+    return out
+
+
+def _quantized(tensors: dict[str, torch.Tensor], q: fp8.Fp8Config) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, t in tensors.items():
+        if q.converts(name, t):
+            out[name], out[name + fp8.SCALE_SUFFIX] = fp8.quantize(t, q.block)
+        else:
+            out[name] = t
     return out
 
 
@@ -99,23 +147,46 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     raise CheckpointError(f"no checkpoint at {p} (expected config.json, or checkpoints/latest in a run folder)")
 
 
-def read_config(path) -> ModelConfig:
+def read_config_json(path) -> dict:
+    """config.json of a checkpoint folder as a dict (CheckpointError naming the file if unreadable)."""
     cfg_file = Path(path) / "config.json"
     if not cfg_file.is_file():
         raise MissingShardError(f"{cfg_file}: no config.json (is {path} a Hugging Face checkpoint directory?)")
     try:
-        return ModelConfig.from_hf_dict(json.loads(cfg_file.read_text()))
-    except json.JSONDecodeError as e:
+        d = json.loads(cfg_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{cfg_file}: invalid JSON ({e})") from e
+    if not isinstance(d, dict):
+        raise ConfigError(f"{cfg_file}: expected a JSON object, got {type(d).__name__}")
+    return d
+
+
+def read_config(path, d: dict | None = None) -> ModelConfig:
+    """The ModelConfig of a checkpoint folder (`d`: its config.json, when already read)."""
+    d = read_config_json(path) if d is None else d
+    try:
+        return ModelConfig.from_hf_dict(d)
+    except ConfigError as e:
+        raise type(e)(f"{Path(path) / 'config.json'}: {e}") from None
+    except TypeError as e:  # a key ModelConfig does not take in the 'openglm' section, and the like
+        raise ConfigError(f"{Path(path) / 'config.json'}: {e}") from None
 
 
 def shard_files(path) -> list[Path]:
-    path = Path(path)
-    if (path / INDEX).is_file():
-        weight_map = json.loads((path / INDEX).read_text()).get("weight_map", {})
-        files = [path / f for f in dict.fromkeys(weight_map.values())]
-    elif (path / SINGLE).is_file():
-        files = [path / SINGLE]
+    """The safetensors files of a checkpoint folder, each confined to the folder."""
+    root = Path(path).resolve()
+    if (root / INDEX).is_file():
+        try:
+            index = json.loads((root / INDEX).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{root / INDEX}: invalid JSON ({e})") from e
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+            raise CheckpointError(f"{root / INDEX}: expected {{\"weight_map\": {{tensor name: file name}}}}")
+        files = [_confined(root, f) for f in dict.fromkeys(weight_map.values())]
+    elif (root / SINGLE).is_file():
+        files = [root / SINGLE]
     else:
         raise MissingShardError(f"{path}: neither {SINGLE} nor {INDEX} found")
     for f in files:
@@ -124,54 +195,183 @@ def shard_files(path) -> list[Path]:
     return files
 
 
+def _confined(root: Path, name: str) -> Path:
+    rel = PurePosixPath(name)
+    target = (root / name).resolve()
+    if rel.is_absolute() or ".." in rel.parts or "\\" in name or (target != root and root not in target.parents):
+        raise CheckpointPathError(f"{root / INDEX} lists shard {name!r}, which is outside the checkpoint folder "
+                                  f"{root}; shards must be files inside it")
+    return target
+
+
+def read_header(file: Path) -> dict[str, TensorInfo]:
+    """A safetensors file's tensor table, checked against the file's size without mapping it."""
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 0 or n > min(size - 8, MAX_HEADER_BYTES):
+            raise CorruptShardError(f"{file}: not a safetensors file or truncated ({size} bytes, header length "
+                                    f"{n if n >= 0 else 'missing'})")
+        try:
+            meta = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CorruptShardError(f"{file}: invalid safetensors header ({e})") from None
+    if not isinstance(meta, dict):
+        raise CorruptShardError(f"{file}: invalid safetensors header (not an object)")
+    data_bytes = size - 8 - n
+    out = {}
+    for name, info in meta.items():
+        if name == "__metadata__":
+            continue
+        ok = (isinstance(info, dict) and info.get("dtype") in _ST_DTYPES and isinstance(info.get("shape"), list)
+              and all(isinstance(d, int) and d >= 0 for d in info["shape"])
+              and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2
+              and all(isinstance(o, int) for o in info["data_offsets"]))
+        if not ok:
+            raise CorruptShardError(f"{file}: tensor {name!r} has an invalid header entry {info!r}")
+        t = TensorInfo(file, info["dtype"], tuple(info["shape"]))
+        begin, end = info["data_offsets"]
+        if not 0 <= begin <= end <= data_bytes or end - begin != t.numel * _ST_DTYPES[t.dtype][0]:
+            raise CorruptShardError(f"{file}: tensor {name!r} needs bytes {begin}..{end} of {data_bytes} "
+                                    "(the file is truncated or its header is wrong)")
+        out[name] = t
+    return out
+
+
+def read_headers(files: list[Path]) -> dict[str, TensorInfo]:
+    tensors: dict[str, TensorInfo] = {}
+    for f in files:
+        for name, info in read_header(f).items():
+            if name in tensors:
+                raise CorruptShardError(f"tensor {name!r} is stored twice: in {tensors[name].file} and {f}")
+            tensors[name] = info
+    return tensors
+
+
+def checkpoint_dtype(tensors: dict[str, TensorInfo], declared: str | None,
+                     quant: fp8.Fp8Config | None) -> torch.dtype:
+    """The one floating dtype of the checkpoint's weights (TensorDTypeError naming the first tensor that breaks
+    the rules): floating tensors only; FP8 e4m3 only for weights with a block scale in an FP8 checkpoint; every
+    other tensor in the dtype config.json declares (else that of the other tensors), except the tensors the
+    model keeps in fp32, which may be fp32."""
+    plain = {}
+    for name, t in tensors.items():
+        if name.endswith(fp8.SCALE_SUFFIX):
+            base = tensors.get(name.removesuffix(fp8.SCALE_SUFFIX))
+            if quant is None or base is None or base.dtype != "F8_E4M3" or t.dtype not in ("F32", "BF16"):
+                raise TensorDTypeError(f"tensor {name!r} in {t.file}: a block scale needs an FP8 checkpoint "
+                                       "(quantization_config) and an e4m3 weight of the same name")
+        elif t.dtype == "F8_E4M3":
+            if quant is None or name + fp8.SCALE_SUFFIX not in tensors:
+                raise TensorDTypeError(f"tensor {name!r} in {t.file} is float8_e4m3 without "
+                                       f"{'a quantization_config' if quant is None else name + fp8.SCALE_SUFFIX}")
+        elif t.dtype not in _FLOAT:
+            raise TensorDTypeError(f"tensor {name!r} in {t.file} has dtype {t.dtype}: checkpoint weights must be "
+                                   "floating point (float32, bfloat16, float16)")
+        else:
+            plain[name] = t
+    if declared is not None and declared not in DTYPES:
+        raise ConfigError(f"config.json dtype={declared!r} is not one of {', '.join(DTYPES)}")
+    counts = Counter(t.dtype for name, t in plain.items() if not name.endswith(FP32_TENSORS))
+    main = {v: k for k, v in _ST_NAMES.items()}[declared] if declared else (
+        counts.most_common(1)[0][0] if counts else "BF16")
+    for name, t in plain.items():
+        if t.dtype != main and not (t.dtype == "F32" and name.endswith(FP32_TENSORS)):
+            why = f"config.json declares dtype {declared}" if declared else f"the other tensors are {_ST_NAMES[main]}"
+            raise TensorDTypeError(f"tensor {name!r} in {t.file} is {_ST_NAMES.get(t.dtype, t.dtype)}, but {why}: "
+                                   "a checkpoint holds one dtype")
+    return _ST_DTYPES[main][1]
+
+
 def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu",
                max_memory: int | None = None) -> GlmMoeDsaForCausalLM:
-    """Load a Hugging Face `glm_moe_dsa` checkpoint directory into GlmMoeDsaForCausalLM (eval mode)."""
-    cfg = read_config(path)
-    files = shard_files(path)
+    """Load a Hugging Face checkpoint directory (glm_moe_dsa, glm4_moe, glm4_moe_lite; bf16/fp16/fp32 or FP8
+    block-quantised) into GlmMoeDsaForCausalLM (eval mode). `dtype`: the weights' dtype (default: the
+    checkpoint's). Every bad input raises a ModelError subclass naming the key, tensor or file."""
+    raw = read_config_json(path)
+    cfg = read_config(path, raw)
+    quant = fp8.parse_quantization_config(raw.get("quantization_config"))
     if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         dtype = DTYPES[dtype]
+    files = shard_files(path)
+    tensors = read_headers(files)
+    declared = raw.get("dtype", raw.get("torch_dtype"))
+    if declared is not None and not isinstance(declared, str):
+        raise ConfigError(f"config.json dtype={declared!r} must be a string")
+    stored = checkpoint_dtype(tensors, declared, quant)  # the dtype rules hold whatever dtype is asked for
+    target = dtype or stored
+    _check_memory(Path(path), tensors, target, max_memory)
+    n, nextn = cfg.num_hidden_layers, cfg.num_nextn_predict_layers
+    mtp_found = {weights.extra_layer(k, n, nextn) for k in tensors} - {None}
+    if not mtp_found:  # a checkpoint without its next-n layers (transformers drops them): a model without them
+        cfg = cfg.replace(num_nextn_predict_layers=0)
     with ExitStack() as stack:
         handles = {}
         for f in files:
-            h = stack.enter_context(safe_open(str(f), framework="pt", device="cpu"))
-            handles.update({k: h for k in h.keys()})
-        _check_memory(files, handles, dtype, max_memory)
-        with torch.device("meta"):
-            model = GlmMoeDsaForCausalLM(cfg)
-        state, used = {}, set()
-        for name, p in model.state_dict().items():
-            if name == "lm_head.weight" and cfg.tie_word_embeddings:
-                continue
             try:
-                t, names = weights.load_native(name, p.shape, lambda k: handles[k].get_tensor(k), handles.__contains__)
-            except KeyError as e:
-                raise MissingTensorError(f"checkpoint {path} lacks tensor {e.args[0]!r}") from None
-            used.update(names)
-            target = torch.float32 if name.endswith("e_score_correction_bias") else (dtype or t.dtype)
-            state[name] = t.to(device=device, dtype=target)
-        extra = [k for k in handles if k not in used and not weights.is_extra_layer(k, cfg.num_hidden_layers)]
+                h = stack.enter_context(safe_open(str(f), framework="pt", device="cpu"))
+            except (SafetensorError, OSError) as e:
+                raise CorruptShardError(f"{f}: cannot open ({e})") from None
+            handles.update({k: (h, f) for k in h.keys()})
+        model, used = _fill(cfg, path, handles, quant, target, device)
+        extra = [k for k in handles if k not in used]
         if extra:
             raise UnexpectedTensorError(f"checkpoint {path} has tensor(s) the config does not use: {extra[:5]}")
-    model.load_state_dict(state, strict=not cfg.tie_word_embeddings, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary_emb = RotaryEmbedding(cfg).to(device)  # non-persistent buffer: rebuild off meta
     return model.eval()
 
 
-def _check_memory(files, handles, dtype, max_memory) -> None:
-    """Refuse up front when the weights would not fit (instead of swapping mid-load)."""
-    need = 0
-    for k, h in handles.items():
-        sl = h.get_slice(k)
-        n = 1
-        for d in sl.get_shape():
-            n *= d
-        size = torch.empty((), dtype=dtype).element_size() if dtype is not None else _SIZES.get(sl.get_dtype(), 4)
-        need += n * size
+def _fill(cfg, path, handles, quant, target, device):
+    """Build the model on meta and assign every tensor from the checkpoint; returns (model, names used)."""
+
+    def get(k):
+        h, f = handles[k]
+        try:
+            t = h.get_tensor(k)
+            if quant is not None and k + fp8.SCALE_SUFFIX in handles:
+                scale = handles[k + fp8.SCALE_SUFFIX][0].get_tensor(k + fp8.SCALE_SUFFIX)
+                t = fp8.dequantize(t, scale, quant.block, k)
+        except SafetensorError as e:
+            raise CorruptShardError(f"{f}: cannot read tensor {k!r} ({e})") from None
+        if not torch.isfinite(t).all():
+            raise NonFiniteTensorError(f"tensor {k!r} in {f} holds NaN or infinite values")
+        return t
+
+    with torch.device("meta"):
+        model = GlmMoeDsaForCausalLM(cfg)
+    state, used = {}, set()
+    for name, p in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        try:
+            t, names = weights.load_native(weights.hf_name(name, cfg.num_hidden_layers), p.shape, get,
+                                           handles.__contains__)
+        except KeyError as e:
+            raise MissingTensorError(f"checkpoint {path} lacks tensor {e.args[0]!r}") from None
+        used.update(names)
+        used.update(k + fp8.SCALE_SUFFIX for k in names if k + fp8.SCALE_SUFFIX in handles)
+        keep_fp32 = name.endswith("e_score_correction_bias")
+        state[name] = t.to(device=device, dtype=torch.float32 if keep_fp32 else target)
+    for k in handles:
+        i = weights.extra_layer(k, cfg.num_hidden_layers, cfg.num_nextn_predict_layers)
+        if i is not None and k.endswith(weights.MTP_OPTIONAL) and k not in used:
+            model.mtp_extra[k] = get(k).to(device=device, dtype=target)
+            used.update([k, k + fp8.SCALE_SUFFIX])
+    model.load_state_dict(state, strict=not cfg.tie_word_embeddings, assign=True)
+    return model, used
+
+
+def _check_memory(path: Path, tensors: dict[str, TensorInfo], dtype: torch.dtype, max_memory) -> None:
+    """Refuse up front (from the headers, before mapping any file) when the weights would not fit."""
+    size = torch.empty((), dtype=dtype).element_size()
+    need = sum(t.numel * size for name, t in tensors.items() if not name.endswith(fp8.SCALE_SUFFIX))
     avail = max_memory if max_memory is not None else psutil.virtual_memory().available
     if need > avail:
         raise CheckpointTooLargeError(
-            f"checkpoint {files[0].parent} needs {need / 2**30:.2f} GiB of weights but only "
+            f"checkpoint {path} needs {need / 2**30:.2f} GiB of weights but only "
             f"{avail / 2**30:.2f} GiB of memory is available; refusing to load (pick a smaller dtype or machine)")

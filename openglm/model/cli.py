@@ -1,4 +1,4 @@
-"""CLI commands of openglm.model: `openglm info`."""
+"""CLI commands of openglm.model: `openglm info`, `openglm convert`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import sys
 def register(subparsers):
     p = subparsers.add_parser("info", help="parameter counts and weight memory of a model preset or checkpoint")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--preset", default="small", help="preset name: tiny, small, glm-5 (default: small)")
+    src.add_argument("--preset", default="small",
+                     help="preset name: tiny, small, glm-5, glm-4.5, glm-4.5-air, glm-4.6, glm-4.7, glm-4.7-flash, ... "
+                          "(default: small)")
     src.add_argument("--checkpoint", help="a Hugging Face checkpoint directory (reads its config.json only)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a ModelConfig field (JSON value), e.g. --set num_hidden_layers=4")
@@ -19,6 +21,20 @@ def register(subparsers):
                         "training with fp32 weights, gradients and AdamW state), in parameters and GiB; "
                         "default: none")
     p.set_defaults(func=cmd_info)
+
+    c = subparsers.add_parser("convert", help="rewrite a checkpoint: change its dtype, FP8 block-quantise it, or "
+                                              "dequantise an FP8 one")
+    c.add_argument("source", help="checkpoint directory to read (any format `openglm serve` loads)")
+    c.add_argument("dest", help="directory to write (replaced atomically if it exists)")
+    c.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
+                   help="dtype of the written weights (default: the source's; an FP8 source: its unquantised dtype)")
+    c.add_argument("--fp8", action="store_true",
+                   help="write FP8 e4m3 block-quantised weights with *.weight_scale_inv (default: off)")
+    c.add_argument("--fp8-block", default="128,128", metavar="ROWS,COLS",
+                   help="FP8 block size in weight elements (default: 128,128)")
+    c.add_argument("--max-shard-size", type=int, default=2 << 30, metavar="BYTES",
+                   help="largest shard in bytes (default: 2147483648)")
+    c.set_defaults(func=cmd_convert)
 
 
 def cmd_info(args) -> int:
@@ -60,6 +76,34 @@ def _check_layout(layout, cfg) -> None:
         check_serving_layout(layout, cfg)
     if layout.tp == 1:
         check_training_layout(layout.__class__(dp=max(layout.dp, layout.ep), ep=layout.ep), cfg)
+
+
+def cmd_convert(args) -> int:
+    # torch: loaded when the command runs, `openglm --help` stays fast
+    from openglm.model.checkpoint import load_model, save_pretrained
+    from openglm.model.config import export_warnings
+    from openglm.model.errors import ModelError
+    from openglm.model.fp8 import Fp8Config
+
+    try:
+        block = tuple(int(x) for x in args.fp8_block.split(","))
+        if len(block) != 2 or min(block) <= 0:
+            raise ValueError
+    except ValueError:
+        print(f"error: --fp8-block {args.fp8_block!r}: expected two positive integers ROWS,COLS", file=sys.stderr)
+        return 1
+    try:
+        model = load_model(args.source, dtype=args.dtype)
+        save_pretrained(model, args.dest, max_shard_size=args.max_shard_size,
+                        quantization=Fp8Config(block) if args.fp8 else None)
+    except (ModelError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for warning in export_warnings(model.config):
+        print(f"warning: vLLM/SGLang would not reproduce this model: {warning}", file=sys.stderr)
+    kind = f"FP8 e4m3 blocks {block[0]}x{block[1]}, other weights " if args.fp8 else ""
+    print(f"wrote {args.dest} ({model.config.model_type}, {kind}{str(model.dtype).removeprefix('torch.')})")
+    return 0
 
 
 def parse_override(text: str):

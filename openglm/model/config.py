@@ -1,7 +1,12 @@
-"""ModelConfig: the GLM-5 (`glm_moe_dsa`) shape plus openglm's routing/attention options.
+"""ModelConfig: the GLM family's shapes plus openglm's routing/attention options.
 
-Field names follow transformers' `GlmMoeDsaConfig` so a Hugging Face config.json maps 1:1;
-options transformers does not know are saved under the `openglm` key of config.json.
+One config, three Hugging Face model types that differ only by configuration:
+- `glm_moe_dsa` (GLM-5): MLA + DeepSeek Sparse Attention + MoE;
+- `glm4_moe_lite` (GLM-4.7-Flash): MLA + MoE, no indexer (every layer's attention kind is "dense");
+- `glm4_moe` (GLM-4.5/4.5-Air/4.6/4.7): GQA attention (`head_dim`, partial RoPE, optional QK-norm) + MoE.
+Field names follow transformers' configs so a Hugging Face config.json maps 1:1; options transformers
+does not know are saved under the `openglm` key of config.json. `to_hf_dict` also writes the keys vLLM and
+SGLang read (see `engine_keys`), with values that make them compute what openglm computes.
 """
 
 from __future__ import annotations
@@ -11,9 +16,18 @@ import math
 from dataclasses import dataclass, field, fields
 
 from openglm.model.errors import ConfigError, UnknownModelTypeError
-from openglm.model.presets import PRESETS
+from openglm.model.presets import PRESETS, TRANSFORMERS_DEFAULTS
 
 MODEL_TYPE = "glm_moe_dsa"
+ARCHITECTURES = {"glm_moe_dsa": "GlmMoeDsaForCausalLM", "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
+                 "glm4_moe": "Glm4MoeForCausalLM"}
+MLA_TYPES = ("glm_moe_dsa", "glm4_moe_lite")
+# Fields only some model types have (everything else is common to all three).
+MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim")
+DSA_FIELDS = ("index_topk", "index_head_dim", "index_n_heads", "indexer_types")
+GQA_FIELDS = ("head_dim", "use_qk_norm")
+# Tensors the model keeps in fp32 whatever its dtype (so a bf16 checkpoint may hold them in fp32).
+FP32_TENSORS = ("e_score_correction_bias", "indexer.weights_proj.weight")
 ATTENTION_KINDS = ("dsa", "dense", "local_global_random", "sliding_window")
 ACTIVATIONS = ("silu", "gelu", "relu")
 ROUTERS = ("sigmoid", "softmax")
@@ -26,6 +40,7 @@ OPENGLM_OPTIONS = (
 )
 @dataclass
 class ModelConfig:
+    model_type: str = MODEL_TYPE  # one of ARCHITECTURES
     vocab_size: int = 154880
     hidden_size: int = 6144
     intermediate_size: int = 12288
@@ -61,6 +76,9 @@ class ModelConfig:
     first_k_dense_replace: int = 3
     mlp_layer_types: list[str] | None = None  # "dense" | "sparse" per layer
     indexer_types: list[str] | None = None  # "full" | "shared" per layer
+    head_dim: int | None = None  # glm4_moe: per-head width (None: hidden_size // num_attention_heads)
+    use_qk_norm: bool = False  # glm4_moe: RMSNorm on each query/key head before RoPE
+    num_nextn_predict_layers: int = 0  # MTP layers stored after the decoder layers (loaded and saved, not run)
     # ---- openglm options ----
     attention_kinds: list[str] | None = None  # per layer, see ATTENTION_KINDS; default all "dsa"
     sliding_window: int = 4096
@@ -76,6 +94,7 @@ class ModelConfig:
     capacity_factor: float | None = None  # None: dropless; else per-expert capacity with token dropping
 
     def __post_init__(self):
+        check_field_types(self)
         n = self.num_hidden_layers
         if self.mlp_layer_types is None:
             k = min(self.first_k_dense_replace, n)
@@ -83,10 +102,12 @@ class ModelConfig:
         if self.indexer_types is None:
             self.indexer_types = ["full"] * n
         if self.attention_kinds is None:
-            self.attention_kinds = ["dsa"] * n
+            self.attention_kinds = ["dsa" if self.model_type == "glm_moe_dsa" else "dense"] * n
         self.rope_parameters = dict(self.rope_parameters or {})
         self.rope_parameters.setdefault("rope_type", "default")
         self.rope_parameters.setdefault("rope_theta", 10000.0)
+        if self.model_type == "glm4_moe":
+            self.rope_parameters.setdefault("partial_rotary_factor", 0.5)  # transformers' default for glm4_moe
         self.validate()
 
     # ---- derived sizes ----
@@ -98,7 +119,37 @@ class ModelConfig:
     def moe_layers(self) -> list[int]:
         return [i for i, t in enumerate(self.mlp_layer_types) if t == "sparse"]
 
+    @property
+    def is_mla(self) -> bool:
+        return self.model_type in MLA_TYPES
+
+    @property
+    def gqa_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def rope_dim(self) -> int:
+        """Width of the rotated slice of each query/key head: MLA's qk_rope_head_dim, or GQA's
+        head_dim * partial_rotary_factor."""
+        if self.is_mla:
+            return self.qk_rope_head_dim
+        return int(self.gqa_head_dim * self.rope_parameters.get("partial_rotary_factor", 1.0))
+
+    def mtp_config(self) -> "ModelConfig":
+        """This config with the next-n layers appended as ordinary layers (full indexer, MoE MLP), which is
+        how a next-n layer's decoder block is built."""
+        k = self.num_nextn_predict_layers
+        kind = "dsa" if self.model_type == "glm_moe_dsa" else "dense"
+        return self.replace(num_hidden_layers=self.num_hidden_layers + k, num_nextn_predict_layers=0,
+                            attention_kinds=self.attention_kinds + [kind] * k,
+                            indexer_types=self.indexer_types + ["full"] * k,
+                            mlp_layer_types=self.mlp_layer_types + ["sparse" if self.n_routed_experts else "dense"] * k)
+
     def validate(self) -> None:
+        if self.model_type not in ARCHITECTURES:
+            raise UnknownModelTypeError(f"model_type={self.model_type!r} is not supported "
+                                        f"(supported: {', '.join(ARCHITECTURES)})")
+        _check_ranges(self)
         n = self.num_hidden_layers
         for name in ("mlp_layer_types", "indexer_types", "attention_kinds"):
             if len(getattr(self, name)) != n:
@@ -109,10 +160,18 @@ class ModelConfig:
         for i, (kind, itype) in enumerate(zip(self.attention_kinds, self.indexer_types)):
             if kind == "dsa" and itype == "shared" and not _has_full_before(self, i):
                 raise ConfigError(f"indexer_types[{i}] is 'shared' but no earlier DSA layer runs a 'full' indexer")
-        if self.num_key_value_heads != self.num_attention_heads:
+        if self.is_mla and self.num_key_value_heads != self.num_attention_heads:
             raise ConfigError(
                 f"num_key_value_heads={self.num_key_value_heads} must equal num_attention_heads="
                 f"{self.num_attention_heads}: MLA expands one latent into every head")
+        if self.model_type != "glm_moe_dsa" and "dsa" in self.attention_kinds:
+            raise ConfigError(f"attention_kinds: model_type {self.model_type!r} has no DSA indexer, so no layer "
+                              "can be 'dsa'")
+        if self.model_type == "glm4_moe":
+            _check_gqa(self)
+            k = min(self.first_k_dense_replace, n)
+            if self.mlp_layer_types != ["dense"] * k + ["sparse"] * (n - k):
+                raise ConfigError(f"mlp_layer_types: glm4_moe's MoE layers follow first_k_dense_replace={k}")
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(f"hidden_act={self.hidden_act!r} is not supported (choose from {ACTIVATIONS})")
         if self.router not in ROUTERS:
@@ -139,10 +198,11 @@ class ModelConfig:
             raise ConfigError(f"rope_parameters.rope_type={rope_type!r} is not supported (default, yarn)")
         if rope_type == "yarn" and "factor" not in self.rope_parameters:
             raise ConfigError("rope_parameters.factor is required for rope_type 'yarn'")
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
-                     "q_lora_rank", "index_topk", "index_n_heads"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}={getattr(self, name)} must be > 0")
+        for key in ("factor", "original_max_position_embeddings", "mscale", "mscale_all_dim", "beta_fast",
+                    "beta_slow", "attention_factor"):
+            value = self.rope_parameters.get(key)
+            if value is not None and (not _is_type(value, "float") or value < 0):
+                raise ConfigError(f"rope_parameters.{key}={value!r} must be a finite number >= 0")
 
     # ---- presets and (de)serialisation ----
     @classmethod
@@ -159,34 +219,181 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def to_hf_dict(self) -> dict:
-        """config.json content that transformers' GlmMoeDsaConfig reads (plus our options under 'openglm')."""
-        out = {f.name: _copy(getattr(self, f.name)) for f in fields(self) if f.name not in OPENGLM_OPTIONS}
-        out["num_key_value_heads"] = self.num_attention_heads
-        out.update(model_type=MODEL_TYPE, architectures=["GlmMoeDsaForCausalLM"])
+        """config.json content: the keys transformers' config class of `model_type` reads, the keys vLLM's
+        and SGLang's model code read (`engine_keys`), and openglm's options under 'openglm'."""
+        skip = set(OPENGLM_OPTIONS) | {"model_type"}
+        if self.model_type == "glm4_moe":
+            skip |= set(MLA_FIELDS) | set(DSA_FIELDS) | {"mlp_layer_types"}
+        else:
+            skip |= set(GQA_FIELDS) | (set(DSA_FIELDS) if self.model_type == "glm4_moe_lite" else set())
+        out = {f.name: _copy(getattr(self, f.name)) for f in fields(self) if f.name not in skip}
+        if self.model_type == "glm4_moe":
+            out["head_dim"] = self.gqa_head_dim
+            out["partial_rotary_factor"] = self.rope_parameters["partial_rotary_factor"]
+        out.update(engine_keys(self))
+        out.update(model_type=self.model_type, architectures=[ARCHITECTURES[self.model_type]])
         out["openglm"] = {name: _copy(getattr(self, name)) for name in OPENGLM_OPTIONS}
         return out
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> "ModelConfig":
+        if not isinstance(d, dict):
+            raise ConfigError(f"config.json must hold a JSON object, got {type(d).__name__}")
         model_type = d.get("model_type")
-        if model_type != MODEL_TYPE:
-            raise UnknownModelTypeError(f"model_type={model_type!r} is not supported (expected {MODEL_TYPE!r})")
-        if d.get("quantization_config"):
-            raise ConfigError("quantization_config: quantized checkpoints are not supported (dequantize first)")
+        if model_type not in ARCHITECTURES:
+            raise UnknownModelTypeError(f"model_type={model_type!r} is not supported "
+                                        f"(supported: {', '.join(ARCHITECTURES)})")
+        _check_engine_keys(d)
         names = {f.name for f in fields(cls)}
-        values = {k: _copy(v) for k, v in d.items() if k in names and k not in OPENGLM_OPTIONS}
-        for alias in ("num_experts", "num_local_experts"):
+        # Keys the file leaves out take the defaults of transformers' config class for this model type.
+        values = {k: _copy(v) for k, v in TRANSFORMERS_DEFAULTS[model_type].items()}
+        values.update({k: _copy(v) for k, v in d.items() if k in names and k not in OPENGLM_OPTIONS})
+        for alias, name in (("num_experts", "n_routed_experts"), ("num_local_experts", "n_routed_experts"),
+                            ("num_mtp_layers", "num_nextn_predict_layers")):
             if d.get(alias) is not None:
-                values["n_routed_experts"] = d[alias]
+                values[name] = d[alias]
         values["rope_parameters"] = _rope_from_hf(d)
-        if d.get("indexer_types") is None:
-            values["indexer_types"] = _indexer_types_from_hf(d, values.get("num_hidden_layers", 78))
-        extra = dict(d.get("openglm") or {})
+        n = values.get("num_hidden_layers", 78)
+        if model_type == "glm4_moe":  # transformers picks MoE layers by first_k_dense_replace
+            k = values.get("first_k_dense_replace", 1)
+            values["mlp_layer_types"] = None if not isinstance(k, int) or not isinstance(n, int) else \
+                ["dense"] * min(k, n) + ["sparse"] * max(n - k, 0)
+        elif model_type == "glm4_moe_lite" and d.get("mlp_layer_types") is None and isinstance(n, int):
+            values["mlp_layer_types"] = ["dense"] + ["sparse"] * (n - 1)  # transformers' default for the lite model
+        if model_type == "glm_moe_dsa" and d.get("indexer_types") is None and isinstance(n, int):
+            values["indexer_types"] = _indexer_types_from_hf(d, n)
+        extra = d.get("openglm") or {}
+        if not isinstance(extra, dict):
+            raise ConfigError(f"'openglm' in config must be an object, got {type(extra).__name__}")
         unknown = set(extra) - set(OPENGLM_OPTIONS)
         if unknown:
             raise ConfigError(f"unknown key(s) under 'openglm' in config: {', '.join(sorted(unknown))}")
         values.update(extra)
         return cls(**values)
+
+
+# ---- the keys vLLM and SGLang read ------------------------------------------------------------------
+# Derived from their model code (see tests/model/test_export.py for the files and commits): both read the
+# MoE routing from topk_method/scoring_func (not from a router class), the DSA indexer-sharing schedule
+# from index_topk_pattern (or index_topk_freq/index_skip_topk_offset), the indexer's RoPE layout from
+# indexer_rope_interleave (vLLM defaults to NeoX halves), the next-n layers from num_nextn_predict_layers,
+# the MoE layers from first_k_dense_replace/moe_layer_freq (not mlp_layer_types), and GQA's head width from
+# head_dim.
+
+
+def engine_keys(cfg: ModelConfig) -> dict:
+    """The extra config.json keys vLLM/SGLang read, with the values that make them compute what openglm does."""
+    out = {"topk_method": "noaux_tc" if cfg.router == "sigmoid" else "greedy",
+           "scoring_func": cfg.router, "num_nextn_predict_layers": cfg.num_nextn_predict_layers,
+           "moe_layer_freq": 1, "rope_theta": cfg.rope_parameters["rope_theta"],
+           "first_k_dense_replace": _leading_dense(cfg)}
+    if cfg.rope_parameters.get("rope_type", "default") != "default":
+        out["rope_scaling"] = {k: v for k, v in cfg.rope_parameters.items() if k != "rope_theta"}
+    if cfg.model_type == "glm_moe_dsa":
+        out.update(index_topk_pattern="".join("F" if t == "full" else "S" for t in cfg.indexer_types),
+                   index_topk_freq=1, index_skip_topk_offset=0, indexer_rope_interleave=True)
+    if cfg.model_type == "glm4_moe_lite":
+        out["rope_interleave"] = True
+    return out
+
+
+def _leading_dense(cfg: ModelConfig) -> int:
+    k = 0
+    while k < cfg.num_hidden_layers and cfg.mlp_layer_types[k] == "dense":
+        k += 1
+    return k
+
+
+def export_warnings(cfg: ModelConfig) -> list[str]:
+    """What vLLM/SGLang cannot reproduce of this config (they would load it and compute something else)."""
+    out = []
+    k = _leading_dense(cfg)
+    if "dense" in cfg.mlp_layer_types[k:]:
+        out.append(f"mlp_layer_types {cfg.mlp_layer_types} is not dense layers then MoE layers (the engines choose "
+                   "MoE layers by first_k_dense_replace)")
+    expected = "dsa" if cfg.model_type == "glm_moe_dsa" else "dense"
+    if any(kind != expected for kind in cfg.attention_kinds):
+        out.append(f"attention_kinds {sorted(set(cfg.attention_kinds))}: the engines run every layer as '{expected}'")
+    if cfg.router != "sigmoid":
+        out.append(f"router={cfg.router!r}: the engines' GLM models route with sigmoid + e_score_correction_bias")
+    if cfg.capacity_factor is not None:
+        out.append("capacity_factor: the engines never drop tokens")
+    if cfg.hidden_act != "silu":
+        out.append(f"hidden_act={cfg.hidden_act!r}: the engines support silu only")
+    if cfg.tie_word_embeddings:
+        out.append("tie_word_embeddings: the engines' GLM models load a separate lm_head.weight")
+    return out
+
+
+def _check_engine_keys(d: dict) -> None:
+    """Keys written for the engines that, if a file sets them otherwise, mean a model openglm does not compute."""
+    for key, allowed in (("topk_method", ("noaux_tc", "greedy", None)), ("scoring_func", ("sigmoid", "softmax", None)),
+                         ("indexer_rope_interleave", (True, None)), ("rope_interleave", (True, None))):
+        if d.get(key) not in allowed:
+            raise ConfigError(f"{key}={d.get(key)!r} is not supported (openglm computes {allowed[0]!r})")
+    if d.get("moe_layer_freq", 1) != 1:
+        raise ConfigError(f"moe_layer_freq={d['moe_layer_freq']!r} is not supported (only 1)")
+
+
+# ---- field types and ranges ---------------------------------------------------------------------------
+
+_TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str, "dict": dict, "None": type(None)}
+
+
+def check_field_types(cfg: ModelConfig) -> None:
+    """Each field holds a value of its annotated type (a JSON string "64" or "false" is not an int or a bool)."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if not any(_is_type(value, alt.strip()) for alt in str(f.type).split("|")):
+            raise ConfigError(f"{f.name}={value!r}: expected {f.type}, got {type(value).__name__}")
+
+
+def _is_type(value, name: str) -> bool:
+    if name.startswith("list["):
+        inner = name[5:-1]
+        return isinstance(value, list) and all(_is_type(v, inner) for v in value)
+    if isinstance(value, bool) and name in ("int", "float"):
+        return False
+    if name == "float" and isinstance(value, (int, float)) and not math.isfinite(value):
+        return False
+    return isinstance(value, _TYPES[name])
+
+
+def _check_ranges(cfg: ModelConfig) -> None:
+    positive = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "num_experts_per_tok",
+                "n_routed_experts", "moe_intermediate_size", "n_group", "topk_group", "routed_scaling_factor"]
+    if cfg.is_mla:
+        positive += ["kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"]
+    if cfg.model_type == "glm_moe_dsa":
+        positive += ["index_topk", "index_n_heads", "index_head_dim"]
+    for name in positive:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be > 0")
+    for name in ("n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers", "initializer_range",
+                 "qk_nope_head_dim", "sliding_window", "lgr_local_window", "lgr_global_stride", "lgr_random"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 0")
+    theta = cfg.rope_parameters.get("rope_theta")
+    if not _is_type(theta, "float") or theta <= 0:
+        raise ConfigError(f"rope_parameters.rope_theta={theta!r} must be a finite number > 0")
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        ids = getattr(cfg, name)
+        for i in ids if isinstance(ids, list) else [] if ids is None else [ids]:
+            if not 0 <= i < cfg.vocab_size:
+                raise ConfigError(f"{name}={ids!r} is outside the vocabulary [0, {cfg.vocab_size})")
+
+
+def _check_gqa(cfg: ModelConfig) -> None:
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise ConfigError(f"num_attention_heads={cfg.num_attention_heads} is not a multiple of "
+                          f"num_key_value_heads={cfg.num_key_value_heads}")
+    prf = cfg.rope_parameters.get("partial_rotary_factor", 1.0)
+    if not _is_type(prf, "float") or not 0 < prf <= 1:
+        raise ConfigError(f"partial_rotary_factor={prf!r} must be in (0, 1]")
+    if cfg.gqa_head_dim <= 0 or cfg.rope_dim % 2 or cfg.rope_dim == 0:
+        raise ConfigError(f"head_dim={cfg.gqa_head_dim} x partial_rotary_factor={prf} gives a rotary width of "
+                          f"{cfg.rope_dim}: it must be even and > 0")
 
 
 def _check_values(name, values, allowed):
@@ -204,11 +411,16 @@ def _copy(v):
 
 
 def _rope_from_hf(d: dict) -> dict:
-    rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
+    rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"rope_parameters must be an object, got {type(rope).__name__}")
+    rope = dict(rope)
     if "type" in rope and "rope_type" not in rope:
         rope["rope_type"] = rope.pop("type")
     rope.setdefault("rope_type", "default")
     rope.setdefault("rope_theta", d.get("rope_theta", 10000.0))
+    if "partial_rotary_factor" in d:
+        rope.setdefault("partial_rotary_factor", d["partial_rotary_factor"])
     return rope
 
 
@@ -216,9 +428,13 @@ def _indexer_types_from_hf(d: dict, n: int) -> list[str]:
     """Same schedule as transformers: a pattern ('FSS...') wins, else the freq/offset rule."""
     pattern = d.get("index_topk_pattern")
     if pattern is not None:
-        return [{"F": "full", "S": "shared"}[c] for c in pattern] if isinstance(pattern, str) else list(pattern)
-    freq = max(d.get("index_topk_freq", 1), 1)
-    offset = d.get("index_skip_topk_offset", 2)
+        if not isinstance(pattern, str) or set(pattern) - {"F", "S"}:
+            raise ConfigError(f"index_topk_pattern={pattern!r} must be a string of 'F' and 'S'")
+        return [{"F": "full", "S": "shared"}[c] for c in pattern]
+    freq, offset = d.get("index_topk_freq", 1), d.get("index_skip_topk_offset", 2)
+    if not _is_type(freq, "int") or not _is_type(offset, "int"):
+        raise ConfigError(f"index_topk_freq={freq!r} / index_skip_topk_offset={offset!r} must be integers")
+    freq = max(freq, 1)
     return ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
 
 

@@ -47,3 +47,23 @@ class CheckpointTooLargeError(CheckpointError, MemoryError):
 
 class TokenIdError(ModelError, IndexError):
     """input_ids contain ids outside [0, vocab_size)."""
+
+
+class CorruptShardError(CheckpointError, ValueError):
+    """A safetensors file is truncated or its header is invalid (names the file and tensor)."""
+
+
+class CheckpointPathError(CheckpointError, ValueError):
+    """The index lists a shard outside the checkpoint folder (absolute path, `..`, or a symlink out)."""
+
+
+class TensorDTypeError(CheckpointError, TypeError):
+    """A tensor is not floating point, or not in the checkpoint's one dtype."""
+
+
+class NonFiniteTensorError(CheckpointError, ValueError):
+    """A weight holds NaN or infinity."""
+
+
+class QuantizationError(CheckpointError, ValueError):
+    """quantization_config, or an FP8 weight / block scale, that openglm cannot read."""

@@ -1,7 +1,10 @@
-"""The GLM-5 decoder (`GlmMoeDsaForCausalLM`): embeddings, MLA/DSA + MoE layers, LM head.
+"""The GLM decoder (`GlmMoeDsaForCausalLM`, for every model type of ModelConfig): embeddings, attention
+(MLA/DSA for glm_moe_dsa, MLA for glm4_moe_lite, GQA for glm4_moe) + MoE layers, LM head, and the
+checkpoint's next-n (MTP) layers, which are held and saved but not run by `forward`.
 
 Parameter names equal transformers' on-disk names except the routed experts, which are stored
-stacked (see openglm/model/weights.py for the one HF <-> native mapping).
+stacked, and the next-n layers, held as `model.mtp_layers.i` (on disk `model.layers.{num_hidden_layers + i}`;
+see openglm/model/weights.py for the one HF <-> native mapping).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from torch import nn
 from openglm.model.attention import MLAttention
 from openglm.model.config import ModelConfig
 from openglm.model.errors import TokenIdError
+from openglm.model.gqa import GQAttention
 from openglm.model.masks import key_validity
 from openglm.model.moe import MLP, MoE, Experts
 from openglm.model.norm import RMSNorm
@@ -52,7 +56,7 @@ class LMHead(nn.Linear):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
-        self.self_attn = MLAttention(cfg, layer_idx)
+        self.self_attn = (GQAttention if cfg.model_type == "glm4_moe" else MLAttention)(cfg, layer_idx)
         self.mlp = MoE(cfg) if cfg.mlp_layer_types[layer_idx] == "sparse" else MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -69,6 +73,27 @@ class DecoderLayer(nn.Module):
         return h + m, selection, stats
 
 
+class SharedHead(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class NextNLayer(DecoderLayer):
+    """One multi-token-prediction layer as GLM (DeepSeek-V3 style) checkpoints store it: a decoder layer
+    (full indexer, MoE MLP) plus enorm/hnorm over the next token's embedding and the last hidden state,
+    eh_proj mixing the two, and shared_head.norm before the (shared) LM head. Loaded, checked and saved;
+    running it for speculative decoding is the engine's business."""
+
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__(cfg.mtp_config(), cfg.num_hidden_layers + index)
+        H = cfg.hidden_size
+        self.enorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.hnorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * H, H, bias=False)
+        self.shared_head = SharedHead(cfg)
+
+
 class GlmMoeDsaModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -76,6 +101,7 @@ class GlmMoeDsaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg)
+        self.mtp_layers = nn.ModuleList(NextNLayer(cfg, i) for i in range(cfg.num_nextn_predict_layers))
 
 
 class GlmMoeDsaForCausalLM(nn.Module):
@@ -84,6 +110,9 @@ class GlmMoeDsaForCausalLM(nn.Module):
         self.config = config
         self.model = GlmMoeDsaModel(config)
         self.lm_head = LMHead(config.hidden_size, config.vocab_size, bias=False)
+        # Optional copies some checkpoints store inside a next-n layer (its embed_tokens, shared_head.head):
+        # kept as loaded (HF name -> tensor) and written back on save.
+        self.mtp_extra: dict[str, torch.Tensor] = {}
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         if not any(p.is_meta for p in self.parameters()):

@@ -13,10 +13,11 @@ from openglm.model.config import ModelConfig
 from openglm.model.model import GlmMoeDsaForCausalLM
 
 COMPONENTS = (  # (name, predicate on the parameter name), first match wins
+    ("mtp (next-n)", lambda n: ".mtp_layers." in n),
     ("embeddings", lambda n: n.startswith("model.embed_tokens")),
     ("lm_head", lambda n: n.startswith("lm_head")),
     ("dsa_indexer", lambda n: ".indexer." in n),
-    ("attention (MLA)", lambda n: ".self_attn." in n),
+    ("attention", lambda n: ".self_attn." in n),
     ("routed_experts", lambda n: ".mlp.experts." in n),
     ("shared_experts", lambda n: ".mlp.shared_experts." in n),
     ("router", lambda n: ".mlp.gate." in n),
@@ -41,25 +42,36 @@ def parameter_report(cfg: ModelConfig) -> dict:
     n_moe = len(cfg.moe_layers)
     per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
     inactive = n_moe * (cfg.n_routed_experts - cfg.num_experts_per_tok) * per_expert
+    # The next-n layers run only when the engine drafts with them: not active in a plain forward.
+    inactive += breakdown["mtp (next-n)"]
     active = total - inactive
     return {
         "total_params": total,
         "active_params": active,
         "breakdown": breakdown,
-        "active_routed_experts": breakdown["routed_experts"] - inactive,
+        "active_routed_experts": breakdown["routed_experts"] - n_moe * (cfg.n_routed_experts - cfg.num_experts_per_tok)
+        * per_expert,
         "weight_memory_gib": {k: total * b / 2**30 for k, b in BYTES_PER_PARAM.items()},
         "layers": {"total": cfg.num_hidden_layers, "dense_mlp": cfg.num_hidden_layers - n_moe, "moe": n_moe},
     }
 
 
 def format_report(name: str, cfg: ModelConfig, r: dict) -> str:
-    lines = [f"openglm model: {name} (glm_moe_dsa)",
-             f"  layers {cfg.num_hidden_layers} ({r['layers']['dense_mlp']} dense MLP, {r['layers']['moe']} MoE), "
-             f"hidden {cfg.hidden_size}, heads {cfg.num_attention_heads}, vocab {cfg.vocab_size}, "
+    if cfg.is_mla:
+        attn = (f"  MLA q_lora {cfg.q_lora_rank} kv_lora {cfg.kv_lora_rank} qk {cfg.qk_nope_head_dim}+"
+                f"{cfg.qk_rope_head_dim} v {cfg.v_head_dim}")
+        if cfg.model_type == "glm_moe_dsa":
+            attn += f"; DSA top-{cfg.index_topk} ({cfg.index_n_heads} heads x {cfg.index_head_dim})"
+    else:
+        attn = (f"  GQA {cfg.num_attention_heads} query / {cfg.num_key_value_heads} KV heads x {cfg.gqa_head_dim}, "
+                f"RoPE on {cfg.rope_dim} dims, QK-norm {'on' if cfg.use_qk_norm else 'off'}, "
+                f"bias {'on' if cfg.attention_bias else 'off'}")
+    lines = [f"openglm model: {name} ({cfg.model_type})",
+             f"  layers {cfg.num_hidden_layers} ({r['layers']['dense_mlp']} dense MLP, {r['layers']['moe']} MoE)"
+             + (f" + {cfg.num_nextn_predict_layers} next-n (MTP)" if cfg.num_nextn_predict_layers else "")
+             + f", hidden {cfg.hidden_size}, heads {cfg.num_attention_heads}, vocab {cfg.vocab_size}, "
              f"max positions {cfg.max_position_embeddings}",
-             f"  MLA q_lora {cfg.q_lora_rank} kv_lora {cfg.kv_lora_rank} qk {cfg.qk_nope_head_dim}+"
-             f"{cfg.qk_rope_head_dim} v {cfg.v_head_dim}; DSA top-{cfg.index_topk} "
-             f"({cfg.index_n_heads} heads x {cfg.index_head_dim})",
+             attn,
              f"  MoE {cfg.n_routed_experts} routed (top-{cfg.num_experts_per_tok}) + {cfg.n_shared_experts} shared, "
              f"router {cfg.router}, groups {cfg.n_group}/{cfg.topk_group}",
              "",

@@ -3,6 +3,12 @@
 - tiny:  unit tests (a forward takes milliseconds).
 - small: the CPU demo scale (~14M parameters; trains in minutes on 2 cores).
 - glm-5: the published GLM-5 shape (transformers' GlmMoeDsaConfig defaults): ~744B total, ~40B active.
+- glm-4.5, glm-4.5-air, glm-4.6, glm-4.7 (`glm4_moe`, GQA) and glm-4.7-flash (`glm4_moe_lite`, MLA without
+  DSA): the shapes of zai-org's published config.json files.
+- tiny-glm4-moe, tiny-glm4-moe-lite: unit-test sizes of the two other model types.
+
+TRANSFORMERS_DEFAULTS holds, per model type, the defaults of transformers 5.23.0's config class where they
+differ from ModelConfig's (which are GlmMoeDsaConfig's): a config.json that leaves a key out gets these.
 """
 
 PRESETS: dict[str, dict] = {
@@ -27,4 +33,63 @@ PRESETS: dict[str, dict] = {
     ),
     # transformers 5.23.0 GlmMoeDsaConfig defaults (zai-org/GLM-5).
     "glm-5": dict(),
+    "tiny-glm4-moe": dict(
+        model_type="glm4_moe", vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16, use_qk_norm=True,
+        attention_bias=True, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+        first_k_dense_replace=1, routed_scaling_factor=1.0, max_position_embeddings=2048,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    ),
+    "tiny-glm4-moe-lite": dict(
+        model_type="glm4_moe_lite", vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+        q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=1, routed_scaling_factor=1.8, max_position_embeddings=2048,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    ),
+    # zai-org/GLM-4.5 (355B total, 32B active).
+    "glm-4.5": dict(
+        model_type="glm4_moe", vocab_size=151552, hidden_size=5120, intermediate_size=12288,
+        moe_intermediate_size=1536, num_hidden_layers=92, num_attention_heads=96, num_key_value_heads=8,
+        head_dim=128, use_qk_norm=True, attention_bias=True, n_routed_experts=160, n_shared_experts=1,
+        num_experts_per_tok=8, n_group=1, topk_group=1, first_k_dense_replace=3, routed_scaling_factor=2.5,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, num_nextn_predict_layers=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
+        bos_token_id=None, eos_token_id=[151329, 151336, 151338], pad_token_id=151329,
+    ),
+    # zai-org/GLM-4.7-Flash (glm4_moe_lite: MLA + MoE, ~30B total, ~3B active).
+    "glm-4.7-flash": dict(
+        model_type="glm4_moe_lite", vocab_size=154880, hidden_size=2048, intermediate_size=10240,
+        moe_intermediate_size=1536, num_hidden_layers=47, num_attention_heads=20, num_key_value_heads=20,
+        q_lora_rank=768, kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256,
+        n_routed_experts=64, n_shared_experts=1, num_experts_per_tok=4, n_group=1, topk_group=1,
+        first_k_dense_replace=1, routed_scaling_factor=1.8, max_position_embeddings=202752,
+        num_nextn_predict_layers=1, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        bos_token_id=0, eos_token_id=[154820, 154827, 154829], pad_token_id=154820,
+    ),
+}
+# zai-org/GLM-4.5-Air (106B total, 12B active): GLM-4.5 narrower and shallower, without QK-norm.
+PRESETS["glm-4.5-air"] = {**PRESETS["glm-4.5"], "hidden_size": 4096, "intermediate_size": 10944,
+                          "moe_intermediate_size": 1408, "num_hidden_layers": 46, "use_qk_norm": False,
+                          "n_routed_experts": 128, "first_k_dense_replace": 1, "routed_scaling_factor": 1.0}
+# GLM-4.6 and GLM-4.7 keep GLM-4.5's layers and widen the context to 200K.
+PRESETS["glm-4.6"] = {**PRESETS["glm-4.5"], "max_position_embeddings": 202752}
+PRESETS["glm-4.7"] = dict(PRESETS["glm-4.6"])
+
+TRANSFORMERS_DEFAULTS: dict[str, dict] = {
+    "glm_moe_dsa": {},  # ModelConfig's defaults are GlmMoeDsaConfig's
+    "glm4_moe": dict(  # Glm4MoeConfig
+        model_type="glm4_moe", vocab_size=151552, hidden_size=4096, intermediate_size=10944,
+        num_hidden_layers=46, num_attention_heads=96, num_key_value_heads=8, max_position_embeddings=131072,
+        moe_intermediate_size=1408, num_experts_per_tok=8, n_shared_experts=1, n_routed_experts=128,
+        routed_scaling_factor=1.0, first_k_dense_replace=1, bos_token_id=None, eos_token_id=None,
+        num_nextn_predict_layers=1,
+    ),
+    "glm4_moe_lite": dict(  # Glm4MoeLiteConfig
+        model_type="glm4_moe_lite", hidden_size=2048, intermediate_size=10240, moe_intermediate_size=1536,
+        num_hidden_layers=47, num_attention_heads=20, num_key_value_heads=20, n_routed_experts=64,
+        routed_scaling_factor=1.8, q_lora_rank=768, num_experts_per_tok=4, first_k_dense_replace=1,
+    ),
 }

@@ -18,9 +18,10 @@ from openglm.model.config import ModelConfig, yarn_mscale
 
 
 def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies for a rope slice of `qk_rope_head_dim`, and the cos/sin scale."""
+    """Inverse frequencies for a rope slice of `cfg.rope_dim` (MLA's qk_rope_head_dim, GQA's partial slice),
+    and the cos/sin scale."""
     rp = cfg.rope_parameters
-    dim, base = cfg.qk_rope_head_dim, float(rp["rope_theta"])
+    dim, base = cfg.rope_dim, float(rp["rope_theta"])
     pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)
     if rp.get("rope_type", "default") == "default":
         return 1.0 / pos_freqs, 1.0

@@ -553,7 +553,8 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
     a few blocks, so memory is O(block x N + chunk x k) (the top-k slots of the whole sequence alone would be
     Tq x k x 8 bytes: 1 GiB at 64K x 2048).
     Blocks whose queries see at most `topk` keys skip the indexer: every visible key is selected. [B,H,Tq,Dv];
-    with return_slots, also the slots [B, Tq, min(topk, Tk)] (int32, -1 = none) for a layer that shares this
+    with return_slots, also the slots [B, Tq, min(topk, Tk)] (-1 = none; int32 when several chunks are
+    collected) for a layer that shares this
     selection (`gather_attention`). query_chunk: queries per indexer block (default: sized from the budget).
     Works with autograd through q, k, v (the selection itself is not differentiable).
     score_dtype / value_dtype = torch.bfloat16: indexer matmul / weighted value sum in bf16 (opt-in speed;
@@ -595,7 +596,7 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
                     sel = select(index_q[:, s:e], weights[:, s:e], past + s, past + e)
                     idx[:, s - c:e - c, :sel.shape[-1]] = sel
         if return_slots and single:
-            slots = F.pad(idx, (0, n_top - idx.shape[-1]), value=-1).to(torch.int32)
+            slots = idx if idx.shape[-1] == n_top else F.pad(idx, (0, n_top - idx.shape[-1]), value=-1)
         elif return_slots:
             slots[:, c:ce, :idx.shape[-1]] = idx
         # Every query past the first n_top slots of a sequence without padding sees n_top keys: no slot unused.

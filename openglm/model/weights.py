@@ -6,6 +6,9 @@ stores stacked for grouped matmuls:
                                                             + model.layers.L.mlp.experts.{e}.up_proj.weight   [I, H]
     model.layers.L.mlp.experts.down_proj     [E, H, I]  <->  model.layers.L.mlp.experts.{e}.down_proj.weight [H, I]
 Checkpoints that already hold the stacked form (transformers' in-memory layout) load as is.
+The next-n (MTP) layers are held as `model.mtp_layers.i.*` and stored as `model.layers.{num_hidden_layers + i}.*`
+(`hf_name`); only the `num_nextn_predict_layers` declared layers may follow the decoder layers on disk
+(`extra_layer`). FP8 block scales (`*.weight_scale_inv`) are the business of openglm/model/fp8.py.
 
 It also holds `derived_weight` / `fused_rows`: inference-only tensors built from parameters (e.g. the
 stacked weights of projections that read the same input), cached outside the state_dict and rebuilt
@@ -19,10 +22,21 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from openglm.model.errors import ShapeMismatchError
+from openglm.model.errors import ShapeMismatchError, UnexpectedTensorError
 
 _STACKED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_MTP = re.compile(r"^model\.mtp_layers\.(\d+)\.")
+# Copies some checkpoints keep inside a next-n layer; held as raw tensors (model.mtp_extra), not parameters.
+MTP_OPTIONAL = ("embed_tokens.weight", "shared_head.head.weight")
+
+
+def hf_name(native_name: str, num_hidden_layers: int) -> str:
+    """The on-disk name of a native tensor before expert unstacking: next-n layer i -> layer N + i."""
+    m = _MTP.match(native_name)
+    if not m:
+        return native_name
+    return f"model.layers.{num_hidden_layers + int(m.group(1))}." + native_name[m.end():]
 
 
 def hf_pieces(native_name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
@@ -85,10 +99,20 @@ def _checked(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor
     return t
 
 
-def is_extra_layer(hf_name: str, num_hidden_layers: int) -> bool:
-    """Tensors of layers past num_hidden_layers (GLM-5's multi-token-prediction layer): ignored on load."""
-    m = _LAYER.match(hf_name)
-    return bool(m) and int(m.group(1)) >= num_hidden_layers
+def extra_layer(name: str, num_hidden_layers: int, num_nextn: int) -> int | None:
+    """For a checkpoint tensor of a layer past the decoder layers: its next-n index (0 for layer N). None for
+    other tensors. A layer past the declared next-n layers raises UnexpectedTensorError naming the tensor:
+    such a checkpoint holds more layers than its config says, and loading it would truncate the model."""
+    m = _LAYER.match(name)
+    if not m or int(m.group(1)) < num_hidden_layers:
+        return None
+    i = int(m.group(1)) - num_hidden_layers
+    if i >= num_nextn:
+        raise UnexpectedTensorError(
+            f"tensor {name!r} belongs to layer {m.group(1)}, but the config has num_hidden_layers="
+            f"{num_hidden_layers} and num_nextn_predict_layers={num_nextn} (a config with fewer layers than the "
+            "checkpoint would load a truncated model)")
+    return i
 
 
 # ---- Derived inference weights ------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The FastAPI application: routes, API-key check and OpenAI-style error handling.
 
 `create_app(engine, ...)` wires an `LLMEngine` behind the OpenAI API; the engine runs in its own
-thread, started and stopped with the app's lifespan.
+thread, started and stopped with the app's lifespan. With a key, everything but `/health` needs it
+(`/metrics` too, unless `public_metrics`); the interactive docs pages are off (they load their
+assets from a CDN) and the OpenAPI schema is served behind the key.
 """
 
 from __future__ import annotations
@@ -17,12 +19,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from openglm.server.async_engine import AsyncEngine
 from openglm.server.errors import APIError, validation_message
+from openglm.server.limits import BodyLimit, ServerLimits
 from openglm.server.metrics import ServerMetrics
 from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
 from openglm.server.serving import OpenAIServing
 from openglm.server.status_page import register as register_status_page
 
-def create_app(engine, model_name: str, api_key: str | None = None, max_queue: int | None = None) -> FastAPI:
+def create_app(engine, model_name: str, api_key: str | None = None, max_queue: int | None = None,
+               public_metrics: bool = False, limits: ServerLimits | None = None) -> FastAPI:
+    if api_key is not None and not api_key.strip():
+        raise ValueError("the API key is empty: pass a non-empty key, or none to serve without one")
     metrics = ServerMetrics()
     async_engine = AsyncEngine(engine, max_queue or engine.config.max_queue, metrics)
     vocab = getattr(engine.model_config, "vocab_size", None) or engine.tokenizer.vocab_size
@@ -35,7 +41,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_queue: i
         yield
         async_engine.shutdown()
 
-    app = FastAPI(title="openglm", lifespan=lifespan)
+    app = FastAPI(title="openglm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, limits=limits or ServerLimits())
     app.state.engine, app.state.async_engine, app.state.metrics = engine, async_engine, metrics
 
     # A dependency rather than an HTTP middleware: Starlette's BaseHTTPMiddleware wraps `receive`,
@@ -74,9 +81,13 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_queue: i
             return JSONResponse({"status": "error"}, status_code=503)
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[] if public_metrics else [Depends(check_api_key)])
     async def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/openapi.json", dependencies=[Depends(check_api_key)], include_in_schema=False)
+    async def openapi_schema():
+        return app.openapi()
 
     def model_card() -> dict:
         return {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "openglm",

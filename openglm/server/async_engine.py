@@ -21,6 +21,7 @@ from openglm.engine.sampling_params import SamplingParams
 from openglm.server.errors import APIError
 
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks that its client is still there
+RETRY_AFTER_S = 1  # the Retry-After a full queue answers with (requests finish within seconds)
 
 
 class AsyncEngine:
@@ -50,15 +51,21 @@ class AsyncEngine:
         """Queue a request now (so overload is refused with 429 before any response starts) and
         return the stream of its outputs."""
         if self.error is not None:
-            raise APIError(503, f"the engine has stopped: {self.error}")
-        if len(self.streams) >= self.max_queue:
-            raise APIError(429, f"the server is at capacity ({self.max_queue} requests in flight); retry later",
-                           code="rate_limit_exceeded")
+            raise APIError(503, f"the engine has stopped: {self.error}", retry_after=RETRY_AFTER_S)
+        if len(self.streams) >= self.max_queue:  # a retry can succeed: check_fits refused what never could
+            raise APIError(503, f"the server is at capacity ({self.max_queue} requests in flight); retry later",
+                           code="server_busy", retry_after=RETRY_AFTER_S)
         request_id = f"r{next(self._ids)}"
         out_q: asyncio.Queue = asyncio.Queue()
         self.streams[request_id] = (asyncio.get_running_loop(), out_q)
         self.commands.put(("add", request_id, prompt_ids, params))
         return RequestStream(self, request_id, out_q, is_disconnected)
+
+    def check_fits(self, num_prompts: int) -> None:
+        """A request with more prompts than the queue holds can never be admitted: a 400, not a 503."""
+        if num_prompts > self.max_queue:
+            raise APIError(400, f"{num_prompts} prompts in one request; this server queues at most "
+                                f"{self.max_queue} requests at a time", param="prompt")
 
     def release(self, request_id: str) -> None:
         """The consumer is gone: stop the request and free its blocks (idempotent)."""
@@ -109,6 +116,11 @@ class AsyncEngine:
     def _step(self) -> None:
         outputs = self.engine.step()
         for out in outputs:
+            if out.error is not None:  # this request alone failed in the step; the others go on
+                if self.metrics is not None:
+                    self.metrics.requests.labels(finish_reason="error").inc()
+                self._send(out.request_id, APIError(500, f"engine failure in this request: {out.error}"))
+                continue
             if out.finished and self.metrics is not None:
                 self._record(out)
             self._send(out.request_id, out)

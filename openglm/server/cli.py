@@ -2,6 +2,50 @@
 
 from __future__ import annotations
 
+import argparse
+import ipaddress
+import os
+import sys
+from pathlib import Path
+
+from openglm.server.limits import ServerLimits
+
+KEY_ENV = "OPENGLM_API_KEY"
+
+
+class KeySetupError(ValueError):
+    """A one-line reason the server will not start with this key set-up."""
+
+
+def resolve_api_key(args) -> str | None:
+    """The key from --api-key-file or $OPENGLM_API_KEY (never argv); None for no key."""
+    if args.api_key is not None:
+        raise KeySetupError(f"--api-key is no longer accepted (the key would be visible to every user in `ps`): "
+                        f"put it in a file and pass --api-key-file PATH, or set ${KEY_ENV}")
+    if args.api_key_file is not None:
+        try:
+            key = Path(args.api_key_file).read_text().strip()
+        except OSError as exc:
+            raise KeySetupError(f"cannot read --api-key-file {args.api_key_file}: {exc.strerror}") from exc
+        if not key:
+            raise KeySetupError(f"--api-key-file {args.api_key_file} is empty")
+        return key
+    if KEY_ENV in os.environ:
+        key = os.environ[KEY_ENV].strip()
+        if not key:
+            raise KeySetupError(f"${KEY_ENV} is set but empty: unset it to serve without a key, or give it a value")
+        return key
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a hostname: it may resolve to anything
+        return False
+
 
 def register(subparsers):
     p = subparsers.add_parser("serve", help="serve a checkpoint behind an OpenAI-compatible HTTP API",
@@ -11,19 +55,37 @@ def register(subparsers):
     p.add_argument("--config", default=None, metavar="DEPLOY_YAML",
                    help="serve the deployment a deploy.yaml describes (model, parallel_config, batching, block size, "
                         "quantization, session cache); under torchrun --nproc_per_node=TP it runs tensor/expert "
-                        "parallel with rank 0 serving HTTP; of the flags below only --api-key, --threads and --log-level then "
-                        "apply. Default: none (serve CHECKPOINT with the flags below)")
+                        "parallel with rank 0 serving HTTP; the API key, request limits, --threads and --log-level "
+                        "flags then still apply, the engine and address flags do not. Default: none (serve CHECKPOINT with the flags below)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* "
-                                                   "(default: $OPENGLM_API_KEY, else none)")
+    p.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="file holding the key clients must send as 'Authorization: Bearer KEY' (default: "
+                        "$OPENGLM_API_KEY, else no key; a key is required off loopback)")
+    p.add_argument("--api-key", default=None, help=argparse.SUPPRESS)  # refused: argv is visible in `ps`
+    p.add_argument("--allow-unauthenticated", action="store_true",
+                   help="serve on a non-loopback address without a key (default: refuse to)")
+    p.add_argument("--public-metrics", action="store_true",
+                   help="serve /metrics without the key (default: /metrics needs the key when one is set)")
     p.add_argument("--served-model-name", default=None, help="model id clients use (default: folder name)")
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--num-kv-blocks", type=int, default=2048, help="KV blocks in the paged pool")
     p.add_argument("--max-num-seqs", type=int, default=32, help="sequences batched per step")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step")
     p.add_argument("--max-model-len", type=int, default=None, help="context limit (prompt + output)")
-    p.add_argument("--max-queue", type=int, default=256, help="requests in flight before answering 429")
+    p.add_argument("--max-queue", type=int, default=256,
+                   help="requests in flight before answering 503 + Retry-After (default: 256)")
+    p.add_argument("--max-body-bytes", type=int, default=ServerLimits.max_body_bytes,
+                   help=f"largest request body in bytes; larger ones get 413 (default: {ServerLimits.max_body_bytes})")
+    p.add_argument("--body-timeout", type=float, default=ServerLimits.body_timeout_s,
+                   help=f"seconds a request body may pause between chunks before 408 (default: "
+                        f"{ServerLimits.body_timeout_s:g})")
+    p.add_argument("--header-timeout", type=float, default=ServerLimits.header_timeout_s,
+                   help=f"seconds a connection has to send its request head (default: {ServerLimits.header_timeout_s:g})")
+    p.add_argument("--keep-alive-timeout", type=int, default=ServerLimits.keep_alive_s,
+                   help=f"seconds an idle keep-alive connection stays open (default: {ServerLimits.keep_alive_s})")
+    p.add_argument("--limit-concurrency", type=int, default=ServerLimits.limit_concurrency,
+                   help=f"connections + tasks beyond which uvicorn answers 503 (default: {ServerLimits.limit_concurrency})")
     p.add_argument("--session-ttl", type=float, default=600.0, help="seconds an idle prefix-cache block stays reusable")
     p.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix (session) cache")
     p.add_argument("--quantization", choices=["none", "int8", "fp8"], default="none",
@@ -35,17 +97,27 @@ def register(subparsers):
 
 
 def serve(args) -> int:
+    try:
+        api_key = resolve_api_key(args)
+        limits = ServerLimits(args.max_body_bytes, args.body_timeout, args.header_timeout, args.keep_alive_timeout,
+                              args.limit_concurrency)
+    except ValueError as exc:
+        print(f"openglm serve: {exc}", file=sys.stderr)
+        return 2
     if args.config is not None or args.checkpoint is None:
-        return _serve_config(args)
-    import os
-    import sys
-    from pathlib import Path
+        return _serve_config(args, api_key, limits)
+    if api_key is None and not is_loopback(args.host) and not args.allow_unauthenticated:
+        print(f"openglm serve: refusing to serve on {args.host} without an API key: set ${KEY_ENV} or "
+              f"--api-key-file PATH (or pass --allow-unauthenticated)", file=sys.stderr)
+        return 2
 
     import torch  # heavy: loaded when serving, `openglm --help` stays fast
     import uvicorn
 
     from openglm.engine import EngineConfig, LLMEngine
+    from openglm.model.errors import ModelError
     from openglm.server.app import create_app
+    from openglm.server.limits import uvicorn_config
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -56,21 +128,20 @@ def serve(args) -> int:
         max_queue=args.max_queue, quantization=args.quantization, dtype=args.dtype)
     try:
         engine = LLMEngine.from_pretrained(args.checkpoint, config)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, ModelError) as exc:  # ModelError: every checkpoint/config problem the loader names
         print(f"openglm serve: cannot load {args.checkpoint}: {exc}", file=sys.stderr)
         return 2
     name = args.served_model_name or Path(args.checkpoint).resolve().name
-    app = create_app(engine, name, api_key=args.api_key or os.environ.get("OPENGLM_API_KEY"))
+    app = create_app(engine, name, api_key=api_key, public_metrics=args.public_metrics, limits=limits)
     print(f"openglm serve: {name} on http://{args.host}:{args.port} "
           f"({config.num_kv_blocks} KV blocks x {config.block_size} tokens, max_model_len {engine.max_model_len})",
           flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.Server(uvicorn_config(app, args.host, args.port, limits, args.log_level)).run()
     return 0
 
 
-def _serve_config(args) -> int:
-    import sys  # with the heavy imports below: this module is imported by `openglm --help`
-
+def _serve_config(args, api_key: str | None, limits: ServerLimits) -> int:
+    """`--config deploy.yaml`: host, port and the engine come from the file; key and limits from the flags."""
     if args.config is None:
         print("openglm serve: give a CHECKPOINT folder or --config deploy.yaml", file=sys.stderr)
         return 2
@@ -84,11 +155,19 @@ def _serve_config(args) -> int:
     from openglm.server.deploy_config import load_deploy_config
     from openglm.server.launch import serve_deploy
 
+    try:
+        cfg = load_deploy_config(args.config)
+    except ValueError as exc:
+        print(f"openglm serve: {exc}", file=sys.stderr)
+        return 2
+    if api_key is None and not is_loopback(cfg.host) and not args.allow_unauthenticated:
+        print(f"openglm serve: refusing to serve on {cfg.host} (from {args.config}) without an API key: set "
+              f"${KEY_ENV} or --api-key-file PATH (or pass --allow-unauthenticated)", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-
-        return serve_deploy(load_deploy_config(args.config), api_key=args.api_key, log_level=args.log_level)
+        return serve_deploy(cfg, api_key, limits, public_metrics=args.public_metrics, log_level=args.log_level)
     except (OSError, ValueError) as exc:
         print(f"openglm serve: {exc}", file=sys.stderr)
         return 2

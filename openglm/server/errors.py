@@ -8,6 +8,8 @@ ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
     429: "rate_limit_exceeded",
     500: "server_error",
     503: "server_error",
@@ -15,24 +17,32 @@ ERROR_TYPES = {
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 retry_after: int | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.retry_after = retry_after  # seconds; only on errors that a retry can get past
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "invalid_request_error"),
                           "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     """A readable message and the offending field from pydantic/FastAPI validation errors."""
     first = errors[0] if errors else {}
-    loc = [str(x) for x in first.get("loc", ()) if x not in ("body",)]
+    # drop "body" and the union-member tags pydantic adds ("min_p.int", "prompt.list[int]")
+    loc = [str(x) for x in first.get("loc", ()) if x != "body" and not _is_type_tag(str(x))]
     param = ".".join(loc) or None
     msg = first.get("msg", "invalid request")
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
     return (f"{param}: {msg}" if param else msg), param
+
+
+def _is_type_tag(part: str) -> bool:
+    return part in ("int", "float", "str", "bool", "list", "dict", "none") or "[" in part

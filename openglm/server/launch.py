@@ -20,6 +20,7 @@ from openglm.model.checkpoint import load_model, read_config, resolve_checkpoint
 from openglm.model.parallel import check_serving_layout
 from openglm.server.app import create_app
 from openglm.server.deploy_config import DeployConfig
+from openglm.server.limits import ServerLimits, uvicorn_config
 
 
 IDLE_TIMEOUT = timedelta(days=365)  # followers wait in a broadcast between requests: never time them out
@@ -66,7 +67,8 @@ def build_parallel_engine(cfg: DeployConfig):
     return engine
 
 
-def serve_deploy(cfg: DeployConfig, api_key: str | None = None, log_level: str = "info") -> int:
+def serve_deploy(cfg: DeployConfig, api_key: str | None, limits: ServerLimits, public_metrics: bool = False,
+                 log_level: str = "info") -> int:
     built = build_parallel_engine(cfg)
     if isinstance(built, ModelRunner):  # a follower rank
         follow_steps(built)
@@ -74,12 +76,12 @@ def serve_deploy(cfg: DeployConfig, api_key: str | None = None, log_level: str =
         return 0
     for note in unused_fields(cfg):
         print(f"openglm serve: note: {note}", file=sys.stderr)
-    app = create_app(built, cfg.name, api_key=api_key or os.environ.get("OPENGLM_API_KEY"))
+    app = create_app(built, cfg.name, api_key=api_key, public_metrics=public_metrics, limits=limits)
     ranks = dist.get_world_size() if dist.is_initialized() else 1
     print(f"openglm serve: {cfg.name} on http://{cfg.host}:{cfg.port} (layout {cfg.layout}, {ranks} rank(s); "
           f"{cfg.num_kv_blocks} KV blocks x {cfg.block_size} tokens, max_model_len {built.max_model_len})", flush=True)
     try:
-        uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=log_level)
+        uvicorn.Server(uvicorn_config(app, cfg.host, cfg.port, limits, log_level)).run()
     finally:
         if isinstance(built.runner, BroadcastingModelRunner):
             built.runner.stop_followers()

@@ -3,40 +3,87 @@ extras; known fields are type-checked strictly and range-checked, and every viol
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError,
+                      field_validator, model_validator)
+from pydantic_core import PydanticCustomError
 
-Number = Union[StrictInt, float]
+from openglm.engine import sampling_params as limits
+
+# JSON numbers only: "0", true and null are not numbers (lax pydantic would coerce the first two)
+Number = Union[StrictInt, StrictFloat]
+MAX_ID_CHARS = 256  # model / user strings
 
 
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
+def lone_surrogate_path(value, path: str = "") -> str | None:
+    """The JSON path of the first string holding a lone UTF-16 surrogate (JSON allows "\\ud800";
+    no tokenizer or UTF-8 encoder does), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        bad = lone_surrogate_path(item, f"{path}.{key}" if path else str(key))
+        if bad is not None:
+            return bad
+    return None
+
+
 class _Sampling(BaseModel):
+    """The sampling fields shared by both endpoints; bounds come from the engine's SamplingParams
+    limits, so every accepted value samples cleanly."""
+
     model_config = ConfigDict(extra="ignore")
 
-    model: str | None = None
+    model: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     max_tokens: StrictInt | None = None
-    temperature: Number | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: Number | None = None
     top_p: Number | None = Field(default=None, gt=0.0, le=1.0)
-    n: StrictInt = Field(default=1, ge=1, le=16)
+    n: StrictInt = Field(default=1, ge=1, le=limits.MAX_N)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    presence_penalty: Number = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: Number = Field(default=0.0, ge=-2.0, le=2.0)
-    seed: StrictInt | None = None
-    user: str | None = None
+    presence_penalty: Number = Field(default=0.0, ge=limits.PENALTY_RANGE[0], le=limits.PENALTY_RANGE[1])
+    frequency_penalty: Number = Field(default=0.0, ge=limits.PENALTY_RANGE[0], le=limits.PENALTY_RANGE[1])
+    seed: StrictInt | None = Field(default=None, ge=limits.SEED_RANGE[0], le=limits.SEED_RANGE[1])
+    user: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     # vLLM-style extras
-    top_k: StrictInt = Field(default=-1, ge=-1)
+    top_k: StrictInt = Field(default=-1, ge=-1, le=limits.MAX_TOP_K)
     min_p: Number = Field(default=0.0, ge=0.0, le=1.0)
-    repetition_penalty: Number = Field(default=1.0, gt=0.0)
+    repetition_penalty: Number = Field(default=1.0, ge=limits.REPETITION_PENALTY_RANGE[0],
+                                       le=limits.REPETITION_PENALTY_RANGE[1])
     min_tokens: StrictInt = Field(default=0, ge=0)
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = Field(default=None,
+                                                                          max_length=limits.MAX_STOP_TOKEN_IDS)
     ignore_eos: StrictBool = False
     include_stop_str_in_output: StrictBool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _encodable_strings(cls, data):
+        bad = lone_surrogate_path(data)
+        if bad is not None:  # a ValidationError (not ValueError) so that the error's loc names the field
+            error = PydanticCustomError("lone_surrogate", "the string holds a lone UTF-16 surrogate (not valid "
+                                                          "Unicode text)")
+            raise ValidationError.from_exception_data(cls.__name__, [
+                {"type": error, "loc": tuple(int(k) if k.isdigit() else k for k in bad.split(".")), "input": "?"}])
+        return data
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v):
+        if v is not None and v != 0 and not limits.TEMPERATURE_FLOOR <= v <= limits.TEMPERATURE_MAX:
+            raise ValueError(f"temperature must be 0 (greedy) or in [{limits.TEMPERATURE_FLOOR}, "
+                             f"{limits.TEMPERATURE_MAX}]")
+        return v
 
     @field_validator("max_tokens")
     @classmethod
@@ -49,14 +96,15 @@ class _Sampling(BaseModel):
     @classmethod
     def _stops(cls, v):
         stops = [v] if isinstance(v, str) else (v or [])
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("stop takes at most 4 non-empty strings")
+        if len(stops) > limits.MAX_STOP_STRINGS or any(not s or len(s) > limits.MAX_STOP_STRING_CHARS for s in stops):
+            raise ValueError(f"stop takes at most {limits.MAX_STOP_STRINGS} non-empty strings of at most "
+                             f"{limits.MAX_STOP_STRING_CHARS} characters")
         return stops
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
-    logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=limits.MAX_LOGPROBS)
     echo: StrictBool = False
 
     @field_validator("prompt")
@@ -94,7 +142,7 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=limits.MAX_LOGPROBS)
     add_generation_prompt: StrictBool = True
 
     def rendered_messages(self) -> list[dict]:

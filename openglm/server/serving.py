@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import time
 import uuid
@@ -11,17 +12,26 @@ from typing import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from openglm.engine.sampling_params import SamplingParams
+from openglm.engine.sampling_params import SamplingParams, SamplingParamsError
 from openglm.server.async_engine import AsyncEngine
 from openglm.server.errors import APIError
 from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
 from openglm.server import render
 
 
+TOKENIZE_THREADS = 2  # rendering and tokenising run here, never on the event loop
+
+
 class OpenAIServing:
     def __init__(self, engine: AsyncEngine, tokenizer, model_name: str, max_model_len: int, vocab_size: int):
         self.engine, self.tokenizer = engine, tokenizer
         self.model_name, self.max_model_len, self.vocab_size = model_name, max_model_len, vocab_size
+        self.pool = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="openglm-tokenize")
+
+    async def off_loop(self, fn, *args):
+        """Run CPU-heavy request preparation (a template, a long prompt) in the tokenizer threads so
+        that the event loop (other clients, /health) keeps answering meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
@@ -31,6 +41,19 @@ class OpenAIServing:
     # ---- request preparation ---------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return self.check_prompt(ids)
+
+    def encode_all(self, prompts: list[str | list[int]]) -> list[list[int]]:
+        return [self.encode(p) for p in prompts]
+
+    def render_and_encode(self, req: ChatCompletionRequest) -> list[int]:
+        try:
+            text = self.tokenizer.render_chat(req.rendered_messages(), req.add_generation_prompt)
+        except Exception as exc:  # template errors (unknown role, bad structure) are the caller's
+            raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
+        return self.encode(text)
+
+    def check_prompt(self, ids: list[int]) -> list[int]:
         if not ids:
             raise APIError(400, "the prompt is empty", param="prompt")
         if any(not 0 <= t < self.vocab_size for t in ids):
@@ -55,11 +78,11 @@ class OpenAIServing:
                 repetition_penalty=float(req.repetition_penalty), presence_penalty=float(req.presence_penalty),
                 frequency_penalty=float(req.frequency_penalty), seed=req.seed,
                 max_tokens=max_tokens or min(room, default_max or room), min_tokens=req.min_tokens,
-                stop=req.stop, stop_token_ids=sorted(set(req.stop_token_ids or []) | set(extra_stop_ids)),
+                stop=req.stop, stop_token_ids=set(req.stop_token_ids or ()) | set(extra_stop_ids),
                 ignore_eos=req.ignore_eos, include_stop_str_in_output=req.include_stop_str_in_output,
                 n=req.n, logprobs=logprobs)
-        except ValueError as exc:
-            raise APIError(400, str(exc)) from exc
+        except SamplingParamsError as exc:
+            raise APIError(400, str(exc), param=exc.field) from exc
 
     def _submit_all(self, prompts, params, is_disconnected) -> list:
         streams = []
@@ -75,7 +98,8 @@ class OpenAIServing:
     # ---- endpoints ---------------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, request: Request):
         self.check_model(req.model)
-        prompts = [self.encode(p) for p in req.prompts()]
+        self.engine.check_fits(len(req.prompts()))
+        prompts = await self.off_loop(self.encode_all, req.prompts())
         params = [self.params(req, len(ids), req.max_tokens, 16, req.logprobs) for ids in prompts]
         meta = render.Meta(f"cmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name, self.tokenizer)
         echo = [self.tokenizer.decode(ids) if req.echo else "" for ids in prompts]
@@ -88,11 +112,7 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, request: Request):
         self.check_model(req.model)
-        try:
-            text = self.tokenizer.render_chat(req.rendered_messages(), req.add_generation_prompt)
-        except Exception as exc:  # template errors (unknown role, bad structure) are the caller's
-            raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
-        ids = self.encode(text)
+        ids = await self.off_loop(self.render_and_encode, req)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         max_tokens = req.max_completion_tokens or req.max_tokens
         params = self.params(req, len(ids), max_tokens, None, logprobs, self.tokenizer.chat_stop_ids)

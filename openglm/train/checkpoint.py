@@ -12,6 +12,7 @@ is then replaced atomically. A kill at any moment leaves the previous checkpoint
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import tempfile
 from pathlib import Path
@@ -50,10 +51,22 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, model, trainer_state:
 
 
 def load_trainer_state(ckpt: Path) -> dict:
+    """The trainer state, unpickled with torch's weights-only loader: tensors, numbers, strings and containers
+    only, so a crafted file cannot run code."""
     file = Path(ckpt) / STATE_FILE
     if not file.is_file():
         raise CheckpointError(f"{ckpt} has no {STATE_FILE}: it is a model export, not a resumable checkpoint")
-    return torch.load(file, map_location="cpu", weights_only=False)
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # forbidden globals (code), or bytes that are no pickle at all
+        raise CheckpointError(f"{file}: not a trainer state openglm can read safely (damaged, or it holds objects "
+                              "other than tensors, numbers, strings and containers, which are never unpickled)") from None
+    except Exception as e:  # RuntimeError / EOFError: a truncated or damaged file
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{file}: not a trainer state openglm can read safely ({first})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file}: expected a dict, got {type(state).__name__}")
+    return state
 
 
 def rng_state() -> dict:

@@ -91,7 +91,8 @@ def test_bad_input_is_422_naming_the_field(server):
 
 
 def test_events_paging_sse_snapshots_rollback_answer(server, tmp_path):
-    script = write_script(tmp_path / "s.jsonl", [
+    # per-task replay scripts must lie in the server's replay_dirs (by default: its own script's folder)
+    script = write_script(server.tmp / f"s-{tmp_path.name}.jsonl", [
         turn(call("create", path="a.txt", content="one")),
         turn(call("bash", command="echo two > a.txt && echo b > b.txt")),
         turn(call("ask_user", question="keep b.txt?")),

@@ -165,13 +165,14 @@ def test_disk_full_pauses_instead_of_corrupting(store, config, workspace):
     assert worker.run_one() == "PAUSED"
     t = store.get_task(task.id)
     assert t.reason.startswith("disk full") and t.step == 0
-    service.resume(store, task.id)  # space freed: the recorded step is redone, the model is not asked again
+    service.resume(store, task.id)  # space freed: the step is not replayed blindly, the model is told why
     calls = []
     model = ReplayModel([turn(call("bash", command="echo x")), turn(call("submit"))])
     original = model.query
-    model.query = lambda m, t: (calls.append(1), original(m, t))[1]
+    model.query = lambda m, t: (calls.append(m), original(m, t))[1]
     assert Worker(config, store=store, model=model).run_one() == "SUCCEEDED"
-    assert len(calls) == 1  # only the submit turn
+    assert len(calls) == 2  # step 1 asked again (with the reason), then the submit turn
+    assert any("disk full" in str(m.get("content")) for m in calls[0] if m["role"] == "user")
 
 
 def test_fallback_model_and_condensation(store, config, workspace):

@@ -8,13 +8,23 @@ import torch
 from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
 
 
-def hf_config(cfg: ModelConfig):
-    from transformers import GlmMoeDsaConfig
+HF_CLASSES = {"glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM"),
+              "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
+              "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM")}
 
+
+def hf_classes(cfg: ModelConfig):
+    import transformers
+
+    config_cls, model_cls = HF_CLASSES[cfg.model_type]
+    return getattr(transformers, config_cls), getattr(transformers, model_cls)
+
+
+def hf_config(cfg: ModelConfig):
     d = cfg.to_hf_dict()
     for key in ("openglm", "model_type", "architectures"):
         d.pop(key)
-    hcfg = GlmMoeDsaConfig(**d)
+    hcfg = hf_classes(cfg)[0](**d)
     hcfg._attn_implementation = "eager"
     return hcfg
 
@@ -35,9 +45,8 @@ def randomize(model: torch.nn.Module, seed: int = 0) -> None:
 
 
 def make_pair(cfg: ModelConfig, seed: int = 0):
-    """(transformers GlmMoeDsaForCausalLM, openglm GlmMoeDsaForCausalLM) sharing random weights."""
-    from transformers import GlmMoeDsaForCausalLM as HFModel
-
+    """(transformers model of cfg.model_type, openglm GlmMoeDsaForCausalLM) sharing random weights."""
+    HFModel = hf_classes(cfg)[1]
     torch.manual_seed(seed)
     hf = HFModel(hf_config(cfg)).eval()
     randomize(hf, seed)

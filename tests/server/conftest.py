@@ -42,13 +42,13 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def server(checkpoint):
-    """`openglm serve` with an API key, context 256, a 96-block pool."""
+    """`openglm serve` with an API key (from $OPENGLM_API_KEY: never argv), context 256, a 96-block pool."""
     port = free_port()
-    cmd = [sys.executable, "-m", "openglm", "serve", str(checkpoint), "--port", str(port), "--api-key", API_KEY,
+    cmd = [sys.executable, "-m", "openglm", "serve", str(checkpoint), "--port", str(port),
            "--served-model-name", MODEL, "--max-model-len", "256", "--num-kv-blocks", "96", "--threads", "1",
            "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "OPENGLM_API_KEY": API_KEY})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)
@@ -59,6 +59,11 @@ def server(checkpoint):
             proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def api_key():
+    return API_KEY
 
 
 @pytest.fixture
@@ -83,19 +88,22 @@ def http(server):
 
 @pytest.fixture(scope="session")
 def start_server(checkpoint):
-    """Factory: an in-process uvicorn server (background thread) with custom engine settings."""
+    """Factory: an in-process uvicorn server (background thread) with custom engine settings;
+    `app_kw` goes to create_app (api_key, public_metrics), `limits` to the app and uvicorn."""
     import uvicorn
 
     from openglm.engine import EngineConfig, LLMEngine
     from openglm.server.app import create_app
+    from openglm.server.limits import ServerLimits, uvicorn_config
 
     started = []
 
-    def start(**engine_kw):
+    def start(app_kw=None, limits=None, **engine_kw):
         engine = LLMEngine.from_pretrained(checkpoint, EngineConfig(**engine_kw))
-        app = create_app(engine, MODEL)
+        limits = limits or ServerLimits()
+        app = create_app(engine, MODEL, limits=limits, **(app_kw or {}))
         port = free_port()
-        srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        srv = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, limits, log_level="warning"))
         thread = threading.Thread(target=srv.run, daemon=True)
         thread.start()
         url = f"http://127.0.0.1:{port}"
@@ -114,7 +122,7 @@ def metric():
     """metric(base_url, name) -> the value of an unlabelled Prometheus sample."""
 
     def read(url: str, name: str) -> float:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
+        text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10).text
         for line in text.splitlines():
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 return float(line.rsplit(" ", 1)[1])

@@ -68,15 +68,21 @@ def test_unknown_model_is_404(client, http):
     check_error(http.get("/v1/no-such-route"), 404)
 
 
-def test_api_key_is_enforced(server):
+def test_api_key_is_enforced(server, api_key):
     for key in ("wrong-key",):
         with pytest.raises(AuthenticationError):
             OpenAI(base_url=f"{server}/v1", api_key=key, max_retries=0).models.list()
     err = check_error(httpx.get(f"{server}/v1/models"), 401)
     assert err["type"] == "authentication_error"
     check_error(httpx.post(f"{server}{CHAT}", json={"model": "tiny-test", "messages": MSG}), 401)
-    assert httpx.get(f"{server}/health").status_code == 200  # probes stay open
-    assert httpx.get(f"{server}/metrics").status_code == 200
+    assert httpx.get(f"{server}/health").status_code == 200  # the liveness probe stays open
+    check_error(httpx.get(f"{server}/metrics"), 401)  # metrics and the schema need the key
+    check_error(httpx.get(f"{server}/openapi.json"), 401)
+    assert httpx.get(f"{server}/metrics", headers={"Authorization": f"Bearer {api_key}"}).status_code == 200
+    schema = httpx.get(f"{server}/openapi.json", headers={"Authorization": f"Bearer {api_key}"})
+    assert schema.status_code == 200 and "/v1/chat/completions" in schema.json()["paths"]
+    for page in ("/docs", "/redoc"):  # the CDN-backed docs pages are off
+        assert httpx.get(f"{server}{page}").status_code == 404
 
 
 def test_server_survives_bad_requests(http, client):
@@ -87,8 +93,9 @@ def test_server_survives_bad_requests(http, client):
     assert "openglm_request_errors_total" in http.get("/metrics").text
 
 
-def test_overload_is_429(start_server):
-    """Requests beyond the queue limit are refused with 429 while the others complete."""
+def test_overload_is_503_with_retry_after(start_server):
+    """Requests beyond the queue limit are refused with 503 + Retry-After (a retry can succeed) while
+    the others complete."""
     import asyncio
 
     url, engine = start_server(max_queue=2, num_kv_blocks=64)
@@ -103,7 +110,7 @@ def test_overload_is_429(start_server):
 
     responses = asyncio.run(burst())
     statuses = sorted(r.status_code for r in responses)
-    assert statuses.count(200) >= 2 and 429 in statuses and set(statuses) <= {200, 429}
-    limited = next(r for r in responses if r.status_code == 429)
-    assert limited.json()["error"]["type"] == "rate_limit_exceeded"
+    assert statuses.count(200) >= 2 and 503 in statuses and set(statuses) <= {200, 503}
+    limited = next(r for r in responses if r.status_code == 503)
+    assert limited.json()["error"]["code"] == "server_busy" and int(limited.headers["retry-after"]) >= 1
     assert httpx.get(f"{url}/health").status_code == 200

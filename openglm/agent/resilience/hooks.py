@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from openglm.agent.hooks import Hooks
 from openglm.agent.llm import FallbackModel, ModelError
-from openglm.agent.process import kill_group, running_pidfile
+from openglm.agent.process import read_pgid, running_pidfile, stop_command
 from openglm.agent.task import TERMINAL, ConstraintError, TaskState, parse_constraints
 
 from .config import Action, BudgetConfig, ResilienceConfig
@@ -226,10 +226,8 @@ class _TaskMonitor:
         self.monitor.start()
 
     def roots(self) -> list[int]:
-        try:
-            return [int(open(self.pidfile).read().strip())]
-        except (OSError, ValueError):
-            return []
+        pgid = read_pgid(self.pidfile)
+        return [] if pgid is None else [pgid]
 
     def on_event(self, kind: str, data: dict):
         if kind == "threshold_cleared" and data["metric"] == "endpoint_latency_s":
@@ -255,7 +253,7 @@ class _TaskMonitor:
         with self.guard.lock:
             self.guard.restart = alert.to_dict()
         for pgid in pids:  # the command's step then commits, and is rolled back to the previous snapshot
-            kill_group(pgid)
+            stop_command(pgid)  # its launcher kills the whole tree (setsid children too)
         return f"killed process group(s) {pids}; the step restarts from the last snapshot"
 
     def fallback(self, alert) -> str:

@@ -1,6 +1,7 @@
 """Task stores: one interface (`Store`), SQLite and Redis implementations."""
 
-from openglm.agent.store.base import Event, LeaseLost, StateConflict, Store, StoreError, TaskNotFound
+from openglm.agent.store.base import (Event, LeaseLost, StateConflict, Store, StoreCorrupt, StoreError,
+                                      StoreUnavailable, TaskNotFound)
 from openglm.agent.store.redis_store import RedisStore
 from openglm.agent.store.sqlite_store import SQLiteStore
 
@@ -12,5 +13,5 @@ def open_store(url: str) -> Store:
     return SQLiteStore(url.removeprefix("sqlite://"))
 
 
-__all__ = ["Event", "LeaseLost", "RedisStore", "SQLiteStore", "StateConflict", "Store", "StoreError", "TaskNotFound",
-           "open_store"]
+__all__ = ["Event", "LeaseLost", "RedisStore", "SQLiteStore", "StateConflict", "Store", "StoreCorrupt", "StoreError",
+           "StoreUnavailable", "TaskNotFound", "open_store"]

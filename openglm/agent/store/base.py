@@ -30,6 +30,19 @@ class TaskNotFound(StoreError, KeyError):
         return f"no such task: {self.task_id}"
 
 
+class StoreUnavailable(StoreError):
+    """The store cannot serve the request right now (disk full, locked, unreachable, corrupt page).
+    Nothing was written; the caller backs off and retries. `reason` is short ("disk full")."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"store: {reason}" + (f" ({detail})" if detail else ""))
+        self.reason = reason
+
+
+class StoreCorrupt(StoreError):
+    """The store's file fails its integrity check; the message says how to recover."""
+
+
 class LeaseLost(StoreError):
     """The writing worker no longer owns the task."""
 
@@ -62,8 +75,13 @@ def event_from_json(seq: int, text: str) -> Event:
 class Store:
     """Interface (and shared helpers). Methods raise TaskNotFound / LeaseLost / StateConflict."""
 
-    def create_task(self, task: Task) -> Task:
+    def create_task(self, task: Task, events: list[tuple[str, int, dict]] = ()) -> Task:
+        """Insert a task and its first events in one atomic write (never a task without its log)."""
         raise NotImplementedError
+
+    def check(self) -> None:
+        """Raise StoreUnavailable if the store cannot answer now (for /health)."""
+        self.event_count("__health__")
 
     def get_task(self, task_id: str) -> Task:
         raise NotImplementedError

@@ -5,18 +5,26 @@ for its events (seq = position + 1, never trimmed), a sorted set of all tasks an
 claimable ones (QUEUED / RUNNING). Every multi-key change is one Lua script, so it is atomic and a
 client killed mid-write leaves nothing half-done. Lease times use the Redis server's clock, so
 workers on machines with skewed clocks still agree.
+
+A Redis restart or network blip: redis-py reconnects and retries each command with exponential
+backoff (about 15 s in all); past that the call raises `StoreUnavailable` (nothing written) and the
+worker's loop backs off and tries again, so a blip never fails a task. Lua scripts are re-sent
+after a restart empties the script cache (redis-py's Script does that on NOSCRIPT).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from openglm.agent.faults import crashpoint
-from openglm.agent.store.base import (Event, LeaseLost, StateConflict, Store, TaskNotFound, event_from_json,
-                                      event_json)
+from openglm.agent.store.base import (Event, LeaseLost, StateConflict, Store, StoreUnavailable, TaskNotFound,
+                                      event_from_json, event_json)
 from openglm.agent.task import Task
 
 # KEYS: task hash, events list, active zset. ARGV: worker fence ('' = none), expected states
@@ -71,9 +79,32 @@ return 1
 """
 
 
+RETRIES = 8  # 0.1 s doubling, capped at 4 s: ~15 s of reconnect attempts per call
+
+
+def _guarded(method):
+    """Connection failures that outlast redis-py's retries become StoreUnavailable."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailable("redis unreachable", str(exc)) from exc
+        except redis.ResponseError as exc:
+            if "OOM" in str(exc) or "MISCONF" in str(exc) or "LOADING" in str(exc):
+                raise StoreUnavailable("redis refuses writes", str(exc)) from exc
+            raise
+
+    return call
+
+
 class RedisStore(Store):
-    def __init__(self, url: str = "redis://127.0.0.1:6379/0", prefix: str = "openglm:"):
-        self.r = redis.Redis.from_url(url, decode_responses=True)
+    def __init__(self, url: str = "redis://127.0.0.1:6379/0", prefix: str = "openglm:", retries: int = RETRIES):
+        self.r = redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30,
+                                      retry=Retry(ExponentialBackoff(cap=4.0, base=0.1), retries),
+                                      retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+                                      health_check_interval=30)
         self.p = prefix
         self._append = self.r.register_script(_APPEND)
         self._claim = self.r.register_script(_CLAIM)
@@ -88,22 +119,27 @@ class RedisStore(Store):
     def close(self):
         self.r.close()
 
-    def create_task(self, task: Task) -> Task:
+    @_guarded
+    def create_task(self, task: Task, events=()) -> Task:
         key = self._tkey(task.id)
         fields = {k: json.dumps(v, ensure_ascii=False) for k, v in task.to_dict().items()}
-        pipe = self.r.pipeline(transaction=True)  # MULTI/EXEC
+        pipe = self.r.pipeline(transaction=True)  # MULTI/EXEC: the task and its first events, or nothing
         pipe.hset(key, mapping=fields)
+        if events:
+            pipe.rpush(self._ekey(task.id), *[event_json(k, st, d) for k, st, d in events])
         pipe.zadd(f"{self.p}tasks", {task.id: task.created_at})
         pipe.zadd(f"{self.p}active", {task.id: task.created_at})
         pipe.execute()
         return task
 
+    @_guarded
     def get_task(self, task_id: str) -> Task:
         raw = self.r.hgetall(self._tkey(task_id))
         if not raw:
             raise TaskNotFound(task_id)
         return Task.from_dict({k: json.loads(v) for k, v in raw.items()})
 
+    @_guarded
     def list_tasks(self, limit: int = 100) -> list[Task]:
         ids = self.r.zrevrange(f"{self.p}tasks", 0, limit - 1)
         pipe = self.r.pipeline(transaction=False)
@@ -135,25 +171,31 @@ class RedisStore(Store):
                                     f"{sorted(expect_state)}") from None
             raise
 
+    @_guarded
     def update_task(self, task_id, fields, *, worker=None, expect_state=None) -> Task:
         self._run_append(task_id, [], fields, worker, expect_state)
         return self.get_task(task_id)
 
+    @_guarded
     def append(self, task_id, events, fields=None, *, worker=None, expect_state=None) -> list[int]:
         n = self._run_append(task_id, [event_json(k, s, d) for k, s, d in events], fields, worker, expect_state)
         return list(range(n - len(events) + 1, n + 1))
 
+    @_guarded
     def events(self, task_id, after=0, limit=1000) -> list[Event]:
         rows = self.r.lrange(self._ekey(task_id), after, after + limit - 1)
         return [event_from_json(after + i + 1, row) for i, row in enumerate(rows)]
 
+    @_guarded
     def event_count(self, task_id) -> int:
         return self.r.llen(self._ekey(task_id))
 
+    @_guarded
     def claim(self, worker, ttl) -> Task | None:
         task_id = self._claim(keys=[f"{self.p}active"], args=[self.p, json.dumps(worker), ttl])
         return self.get_task(task_id) if task_id else None
 
+    @_guarded
     def heartbeat(self, task_id, worker, ttl) -> Task:
         try:
             self._heartbeat(keys=[self._tkey(task_id)], args=[json.dumps(worker), ttl])

@@ -2,6 +2,11 @@
 
 A SIGKILL mid-write leaves the previous committed state (SQLite's journal rolls the partial
 transaction back on the next open). Several processes on one machine may share the file.
+
+Faults: every sqlite3 operational error (disk full, I/O error, a corrupt page, locked past the
+busy timeout) surfaces as `StoreUnavailable` with nothing written, so the worker backs off and
+retries. The file is integrity-checked (`PRAGMA quick_check`) when opened; a corrupt one is refused
+with `StoreCorrupt` naming the recovery commands. `backup`/`restore` use SQLite's online backup API.
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ import time
 from contextlib import contextmanager
 
 from openglm.agent.faults import crashpoint
-from openglm.agent.store.base import (Event, LeaseLost, StateConflict, Store, TaskNotFound, event_from_json,
-                                      event_json)
+from openglm.agent.store.base import (Event, LeaseLost, StateConflict, Store, StoreCorrupt, StoreUnavailable,
+                                      TaskNotFound, event_from_json, event_json)
 from openglm.agent.task import Task, TaskState
 
 _SCHEMA = """
@@ -27,41 +32,117 @@ CREATE TABLE IF NOT EXISTS events (task_id TEXT NOT NULL, seq INTEGER NOT NULL, 
 """
 
 
+def _reason(exc: sqlite3.Error) -> str:
+    text = str(exc).lower()
+    for needle, reason in (("full", "disk full"), ("malformed", "database is corrupt"), ("not a database",
+                           "database is corrupt"), ("locked", "database is locked"), ("busy", "database is locked"),
+                           ("i/o", "disk I/O error"), ("readonly", "database is read-only")):
+        if needle in text:
+            return reason
+    return "sqlite error"
+
+
+@contextmanager
+def _unavailable_on_sqlite_errors():
+    try:
+        yield
+    except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+        if isinstance(exc, (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError)):
+            raise  # a bug, not the store's health
+        raise StoreUnavailable(_reason(exc), str(exc)) from exc
+
+
+def recovery_hint(path: str) -> str:
+    return (f"restore a backup with `openglm task restore BACKUP --store {path}`, or salvage it with "
+            f"`sqlite3 {path} .recover | sqlite3 {path}.recovered` and move that into place")
+
+
 class SQLiteStore(Store):
     def __init__(self, path: str, synchronous: str = "NORMAL"):
         self.path = path
         if os.path.dirname(path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
         self._lock = threading.Lock()  # the heartbeat thread shares this connection
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={synchronous}")
-        self._db.execute("PRAGMA busy_timeout=30000")
+        try:
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={synchronous}")
+            self._db.execute("PRAGMA busy_timeout=30000")
+            problems = [r[0] for r in self._db.execute("PRAGMA quick_check").fetchall()]
+        except sqlite3.DatabaseError as exc:  # "file is not a database": truncated or overwritten
+            raise StoreCorrupt(f"the task store {path} is unreadable ({exc}): {recovery_hint(path)}") from None
+        if problems != ["ok"]:
+            self._db.close()
+            raise StoreCorrupt(f"the task store {path} is corrupt ({problems[0]}): {recovery_hint(path)}")
         with self._tx() as db:
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 db.execute(statement)
 
     @contextmanager
     def _tx(self):
-        with self._lock:
+        with self._lock, _unavailable_on_sqlite_errors():
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
             crashpoint("store_before_commit")  # the kill test kills here too
-            self._db.execute("COMMIT")
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+
+    @contextmanager
+    def _read(self):
+        with self._lock, _unavailable_on_sqlite_errors():
+            yield self._db
+
+    def backup(self, dest: str) -> None:
+        """A consistent copy of the live store (SQLite's online backup API: writers keep going)."""
+        target = sqlite3.connect(dest)
+        try:
+            with self._read() as db:
+                db.backup(target)
+        finally:
+            target.close()
+
+    @staticmethod
+    def restore(src: str, path: str) -> None:
+        """Replace the store at `path` with the backup `src` (checked first; no worker may be running)."""
+        source = sqlite3.connect(f"file:{src}?mode=ro", uri=True)
+        try:
+            try:
+                problems = [r[0] for r in source.execute("PRAGMA quick_check").fetchall()]
+            except sqlite3.DatabaseError as exc:
+                raise StoreCorrupt(f"the backup {src} is unreadable ({exc})") from None
+            if problems != ["ok"]:
+                raise StoreCorrupt(f"the backup {src} is corrupt ({problems[0]})")
+            for stale in (path, f"{path}-wal", f"{path}-shm"):  # a corrupt target may not even open
+                if os.path.exists(stale):
+                    os.unlink(stale)
+            target = sqlite3.connect(path)
+            try:
+                source.backup(target)
+            finally:
+                target.close()
+        finally:
+            source.close()
 
     def close(self):
         self._db.close()
 
     # tasks
-    def create_task(self, task: Task) -> Task:
+    def create_task(self, task: Task, events=()) -> Task:
         with self._tx() as db:
             db.execute("INSERT INTO tasks VALUES (?,?,?,?,?,?)",
                        (task.id, task.state, task.worker, task.lease_until, task.created_at,
                         json.dumps(task.to_dict(), ensure_ascii=False)))
+            db.executemany("INSERT INTO events VALUES (?,?,?)",
+                           [(task.id, i + 1, event_json(k, st, d)) for i, (k, st, d) in enumerate(events)])
         return task
 
     def _load(self, db, task_id: str) -> Task:
@@ -77,11 +158,11 @@ class SQLiteStore(Store):
                     task.id))
 
     def get_task(self, task_id: str) -> Task:
-        with self._lock:
-            return self._load(self._db, task_id)
+        with self._read() as db:
+            return self._load(db, task_id)
 
     def list_tasks(self, limit: int = 100) -> list[Task]:
-        with self._lock:
+        with self._read():
             rows = self._db.execute("SELECT body FROM tasks ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
         return [Task.from_dict(json.loads(r[0])) for r in rows]
 
@@ -113,13 +194,13 @@ class SQLiteStore(Store):
         return seqs
 
     def events(self, task_id, after=0, limit=1000) -> list[Event]:
-        with self._lock:
+        with self._read():
             rows = self._db.execute("SELECT seq, body FROM events WHERE task_id=? AND seq>? ORDER BY seq LIMIT ?",
                                     (task_id, after, limit)).fetchall()
         return [event_from_json(s, b) for s, b in rows]
 
     def event_count(self, task_id) -> int:
-        with self._lock:
+        with self._read():
             return self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE task_id=?", (task_id,)).fetchone()[0]
 
     # leases

@@ -1,7 +1,9 @@
-"""The shell tool: one bash command in the workspace, in its own process group.
+"""The shell tool: one bash command in the workspace, in its own process group, under the
+confinement launcher (`openglm/agent/confine.py`: a cgroup v2 or a subreaper, so `setsid`
+children and double forks die with the step, and everything dies with a killed worker).
 
-Per-command timeout, output truncated to head + tail, the whole process group SIGKILLed on
-timeout / cancel / memory watchdog, and an environment scrubbed of secrets.
+Per-command timeout, output truncated to head + tail, the whole tree killed on timeout / cancel /
+memory watchdog and when the command exits, and an environment scrubbed of secrets.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
 
-from openglm.agent.process import kill_group, remove_pidfile
+from openglm.agent import confine
+from openglm.agent.process import kill_group, pid_record, remove_pidfile, stop_command
 from openglm.agent.tools.limits import ResourceLimiter
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -106,7 +110,8 @@ def run_shell(command: str, cwd: str, timeout: float = 600.0, limiter: ResourceL
     limiter = limiter or ResourceLimiter(None)
     start = time.monotonic()
     live = LiveOutput(output_file, command) if output_file else None  # before the command: nothing to orphan
-    proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=scrubbed_env(), stdin=subprocess.DEVNULL,
+    launcher = [sys.executable, "-I", "-S", confine.__file__, str(os.getpid()), "--", "bash", "-c", command]
+    proc = subprocess.Popen(launcher, cwd=cwd, env=scrubbed_env(), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=_preexec(os.getpid(), pidfile, limiter))
     buf: list = []
@@ -128,8 +133,10 @@ def run_shell(command: str, cwd: str, timeout: float = 600.0, limiter: ResourceL
             proc.wait(0.02 if now - start < 1 else 0.1)
         except subprocess.TimeoutExpired:
             pass
-    kill_group(proc.pid)  # also reaps background children that would hold the pipe open
+    if killed:
+        stop_command(proc.pid)  # the launcher kills the whole tree (cgroup.kill / as subreaper)
     proc.wait()
+    kill_group(proc.pid)  # a launcher that died before it could clean up
     if pidfile:
         remove_pidfile(pidfile)
     reader.join(5)
@@ -154,7 +161,7 @@ def _preexec(parent: int, pidfile, limiter: ResourceLimiter):
             os._exit(137)
         if pidfile:
             with open(pidfile, "w") as f:
-                f.write(str(os.getpid()))
+                f.write(pid_record(os.getpid()))
         if limiter.mode != "none":
             limiter.preexec()
 

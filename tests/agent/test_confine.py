@@ -1,0 +1,123 @@
+"""Issue 17's process repros: a step's commands (setsid children and double forks included) die
+with the step, and with a SIGKILLed worker; a pid record from another machine or boot, or for a
+reused pid, is never signalled."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from openglm.agent import confine
+from openglm.agent.process import kill_leftover_commands, pid_record, running_pidfile
+from openglm.agent.tools.shell import run_shell
+
+
+def marked(marker: str) -> list[int]:
+    """Processes whose command line carries the marker (the process-table scan)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def wait_gone(marker: str, timeout: float = 5.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return marked(marker)
+
+
+def escapes(marker: str) -> str:
+    """A command whose children try every way out of the process group: setsid, a double fork, nohup.
+    Each sleeper carries the marker as its argv[0]; the command prints how many are running."""
+    sleeper = f"bash -c 'exec -a {marker} sleep 300'"
+    return (f"setsid {sleeper} & ({sleeper} &) ; nohup {sleeper} >/dev/null 2>&1 & (setsid sh -c \"({sleeper} &)\" &) ;"
+            f" sleep 0.5; echo running=$(pgrep -c -f '^{marker}')")
+
+
+@pytest.mark.parametrize("cgroup", ["1", "0"])
+def test_escaping_children_die_when_the_command_ends(tmp_path, monkeypatch, cgroup):
+    monkeypatch.setenv("OPENGLM_CONFINE_CGROUP", cgroup)  # "0": the subreaper alone
+    marker = f"m{uuid.uuid4().hex[:10]}"
+    result = run_shell(escapes(marker) + "; echo done", str(tmp_path))
+    assert result.exit_code == 0 and "running=4" in result.output and "done" in result.output
+    assert wait_gone(marker) == []
+
+
+@pytest.mark.parametrize("cgroup", ["1", "0"])
+def test_escaping_children_die_on_timeout(tmp_path, monkeypatch, cgroup):
+    monkeypatch.setenv("OPENGLM_CONFINE_CGROUP", cgroup)
+    marker = f"m{uuid.uuid4().hex[:10]}"
+    result = run_shell(escapes(marker) + "; sleep 100", str(tmp_path), timeout=2.5)
+    assert result.killed == "timeout" and result.duration_s < 10 and "running=4" in result.output
+    assert wait_gone(marker) == []
+
+
+def test_a_sigkilled_workers_commands_die_with_it(tmp_path):
+    """The repro: a grandchild kept writing into the workspace for 8 s after the worker's SIGKILL."""
+    marker = f"m{uuid.uuid4().hex[:10]}"
+    out = tmp_path / "ticks"
+    command = (f"setsid bash -c 'exec -a {marker} bash -c \"while :; do echo x >> {out}; sleep 0.05; done\"' & "
+               f"(bash -c 'exec -a {marker} sleep 300' &); sleep 300")
+    code = ("import sys; from openglm.agent.tools.shell import run_shell; "
+            f"run_shell({command!r}, {str(tmp_path)!r}, timeout=600)")
+    worker = subprocess.Popen([sys.executable, "-c", code], env={**os.environ})
+    deadline = time.monotonic() + 30
+    while not (out.exists() and out.stat().st_size > 20) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marked(marker), "the command did not start"
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(10)
+    assert wait_gone(marker) == []
+    size = out.stat().st_size
+    time.sleep(0.5)
+    assert out.stat().st_size == size  # nothing writes into the workspace any more
+
+
+def test_the_launcher_reports_the_commands_exit_status(tmp_path):
+    launcher = [sys.executable, "-I", "-S", confine.__file__, str(os.getpid()), "--"]
+    assert subprocess.run(launcher + ["sh", "-c", "exit 7"]).returncode == 7
+    assert subprocess.run(launcher + ["sh", "-c", "kill -9 $$"]).returncode == 137
+
+
+def sleeper() -> subprocess.Popen:
+    return subprocess.Popen(["sleep", "300"], start_new_session=True)
+
+
+@pytest.mark.parametrize("tamper", ["host", "boot_id", "start", "bare number"])
+def test_a_foreign_or_stale_pid_record_is_never_signalled(tmp_path, tamper):
+    proc = sleeper()
+    try:
+        record = json.loads(pid_record(proc.pid))
+        if tamper == "bare number":  # the old format: no way to tell whose it is
+            text = str(proc.pid)
+        else:
+            record[tamper] = record[tamper] + 1 if tamper == "start" else "elsewhere"
+            text = json.dumps(record)
+        with open(running_pidfile(tmp_path), "w") as f:
+            f.write(text)
+        kill_leftover_commands(tmp_path)
+        time.sleep(0.2)
+        assert proc.poll() is None, "a process that the record does not name was signalled"
+        assert not os.path.exists(running_pidfile(tmp_path))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_this_machines_record_kills_the_leftover_command(tmp_path):
+    proc = sleeper()
+    with open(running_pidfile(tmp_path), "w") as f:
+        f.write(pid_record(proc.pid))
+    kill_leftover_commands(tmp_path)
+    assert proc.wait(5) != 0
