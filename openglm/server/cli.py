@@ -96,6 +96,15 @@ def register(subparsers):
     p.set_defaults(func=serve)
 
 
+def _refuses_without_key(args, api_key: str | None, host: str) -> bool:
+    """True (after saying why) when a non-loopback address would be served without an API key."""
+    if api_key is None and not is_loopback(host) and not args.allow_unauthenticated:
+        print(f"openglm serve: refusing to serve on {host} without an API key: set ${KEY_ENV} or "
+              f"--api-key-file PATH (or pass --allow-unauthenticated)", file=sys.stderr)
+        return True
+    return False
+
+
 def serve(args) -> int:
     try:
         api_key = resolve_api_key(args)
@@ -106,9 +115,7 @@ def serve(args) -> int:
         return 2
     if args.config is not None or args.checkpoint is None:
         return _serve_config(args, api_key, limits)
-    if api_key is None and not is_loopback(args.host) and not args.allow_unauthenticated:
-        print(f"openglm serve: refusing to serve on {args.host} without an API key: set ${KEY_ENV} or "
-              f"--api-key-file PATH (or pass --allow-unauthenticated)", file=sys.stderr)
+    if _refuses_without_key(args, api_key, args.host):
         return 2
 
     import torch  # heavy: loaded when serving, `openglm --help` stays fast
@@ -160,9 +167,7 @@ def _serve_config(args, api_key: str | None, limits: ServerLimits) -> int:
     except ValueError as exc:
         print(f"openglm serve: {exc}", file=sys.stderr)
         return 2
-    if api_key is None and not is_loopback(cfg.host) and not args.allow_unauthenticated:
-        print(f"openglm serve: refusing to serve on {cfg.host} (from {args.config}) without an API key: set "
-              f"${KEY_ENV} or --api-key-file PATH (or pass --allow-unauthenticated)", file=sys.stderr)
+    if _refuses_without_key(args, api_key, cfg.host):
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
