@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 FIND_LINKS := $(if $(wildcard /opt/wheels),-f /opt/wheels,)
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install system-deps bench clean interop
+.PHONY: demo test install system-deps bench clean interop lint-docker
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ demo: $(STAMP)
 
 test: $(STAMP) system-deps
 	$(BIN)/python -m pytest -q
+
+# No container engine runs on the test machines: the Dockerfile is linted instead of built (docs/scaling.md).
+lint-docker: $(STAMP)
+	$(BIN)/hadolint Dockerfile
 
 # Opt-in (not part of `make test`): build llama-cpp-python 0.3.36 from its sdist (CPU; ~12 min on 2 cores) into
 # $(LLAMA_CACHE), convert openglm checkpoints with its convert_hf_to_gguf.py, compare greedy continuations.

@@ -7,6 +7,8 @@ sub-batches of similar length first; each sub-batch is one model call.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from openglm.engine.kv_cache import KVPool, PagedBatchCache
@@ -51,16 +53,31 @@ class ModelRunner:
 
     def _forward(self, seqs: list[Sequence], new_lens: list[int]) -> torch.Tensor:
         past_lens = [s.num_computed_tokens for s in seqs]
-        P, T, B = max(past_lens), max(new_lens), len(seqs)
+        chunks = [s.token_ids[p : p + t] for s, p, t in zip(seqs, past_lens, new_lens)]
+        return self.execute(StepInputs(chunks, past_lens, new_lens, [list(s.block_table) for s in seqs]))
+
+    def execute(self, step: "StepInputs") -> torch.Tensor:
+        """One model call over the paged pool: the logits after each row's last new token, [B, vocab] fp32."""
+        past_lens, new_lens = step.past_lens, step.new_lens
+        P, T, B = max(past_lens), max(new_lens), len(new_lens)
         input_ids = torch.full((B, T), self.pad_token_id, dtype=torch.long)
         positions = torch.zeros((B, T), dtype=torch.long)
         mask = torch.zeros((B, P + T), dtype=torch.long)
-        for row, (s, p, t) in enumerate(zip(seqs, past_lens, new_lens)):
-            input_ids[row, :t] = torch.tensor(s.token_ids[p : p + t])
+        for row, (chunk, p, t) in enumerate(zip(step.token_ids, past_lens, new_lens)):
+            input_ids[row, :t] = torch.tensor(chunk)
             positions[row, :t] = torch.arange(p, p + t)
             positions[row, t:] = p + t - 1  # padding rows: any valid position, their outputs are unused
             mask[row, P - p : P + t] = 1
-        cache = PagedBatchCache(self.pool, [s.block_table for s in seqs], past_lens, new_lens)
+        cache = PagedBatchCache(self.pool, step.block_tables, past_lens, new_lens)
         logits = self.model(input_ids, attention_mask=mask, position_ids=positions, cache=cache).logits
         last = torch.tensor(new_lens) - 1
         return logits[torch.arange(B), last].float()
+
+
+@dataclass
+class StepInputs:
+    """What one model call needs, as plain data (tensor-parallel ranks receive it from rank 0)."""
+    token_ids: list[list[int]]  # each row's new tokens
+    past_lens: list[int]
+    new_lens: list[int]
+    block_tables: list[list[int]]

@@ -16,6 +16,10 @@ def register(subparsers):
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a ModelConfig field (JSON value), e.g. --set num_hidden_layers=4")
     p.add_argument("--json", action="store_true", help="print JSON (keys total_params, active_params, ...)")
+    p.add_argument("--parallel", default=None, metavar="tp=N,ep=M",
+                   help="also print the weights each rank holds under this layout (tp/ep: serving; dp/ep: FSDP2 "
+                        "training with fp32 weights, gradients and AdamW state), in parameters and GiB; "
+                        "default: none")
     p.set_defaults(func=cmd_info)
 
     c = subparsers.add_parser("convert", help="rewrite a checkpoint: change its dtype, FP8 block-quantise it, or "
@@ -37,6 +41,7 @@ def cmd_info(args) -> int:
     from openglm.model.checkpoint import read_config  # torch: loaded when the command runs, `openglm --help` stays fast
     from openglm.model.config import ModelConfig
     from openglm.model.errors import ModelError
+    from openglm.model.parallel import ParallelLayout, format_memory_report, memory_report
     from openglm.model.params import format_report, parameter_report
 
     try:
@@ -45,15 +50,32 @@ def cmd_info(args) -> int:
             name, cfg = args.checkpoint, read_config(args.checkpoint).replace(**overrides)
         else:
             name, cfg = args.preset, ModelConfig.from_preset(args.preset, **overrides)
+        layout = ParallelLayout.parse(args.parallel) if args.parallel else None
+        if layout is not None:
+            _check_layout(layout, cfg)
     except (ModelError, ValueError, TypeError) as e:  # TypeError: replace() with an unknown field
         print(f"error: {e}", file=sys.stderr)
         return 1
     report = parameter_report(cfg)
+    memory = memory_report(cfg, layout) if layout is not None else None
     if args.json:
-        print(json.dumps({"model": name, **report}, indent=2))
+        print(json.dumps({"model": name, **report, **({"parallel": memory} if memory else {})}, indent=2))
     else:
         print(format_report(name, cfg, report))
+        if memory:
+            print(format_memory_report(memory))
     return 0
+
+
+def _check_layout(layout, cfg) -> None:
+    """The checks `openglm serve` / `openglm train` apply to this layout (without a process count)."""
+    # deferred like the handler's imports: `openglm --help` imports this module
+    from openglm.model.parallel import check_serving_layout, check_training_layout
+
+    if layout.tp > 1 or layout.dp == 1:
+        check_serving_layout(layout, cfg)
+    if layout.tp == 1:
+        check_training_layout(layout.__class__(dp=max(layout.dp, layout.ep), ep=layout.ep), cfg)
 
 
 def cmd_convert(args) -> int:

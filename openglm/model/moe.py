@@ -209,6 +209,7 @@ class MoE(nn.Module):
         self.gate = Router(cfg)
         self.shared_experts = (MLP(cfg, cfg.moe_intermediate_size * cfg.n_shared_experts)
                                if cfg.n_shared_experts > 0 else None)
+        self.stats_reduce = None  # data-parallel training sets it: balance losses over the global batch
 
     def capacity(self, n_tokens: int) -> int | None:
         if self.capacity_factor is None:
@@ -226,6 +227,6 @@ class MoE(nn.Module):
         stats = None
         if with_stats:
             real = r.indices if token_mask is None else r.indices[token_mask]
-            stats = LayerStats(balance_losses(r, self.n_experts, token_mask),
+            stats = LayerStats(balance_losses(r, self.n_experts, token_mask, self.stats_reduce),
                                torch.bincount(real.reshape(-1), minlength=self.n_experts), dropped, r.indices.numel())
         return out.view(shape), stats

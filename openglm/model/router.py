@@ -85,19 +85,29 @@ def cv_squared(x: torch.Tensor) -> torch.Tensor:
     return x.var(unbiased=False) / (x.mean() ** 2 + 1e-10)
 
 
-def balance_losses(r: Routing, n_experts: int, token_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """Unweighted balance losses of one MoE layer (see the module docstring for definitions)."""
+def balance_losses(r: Routing, n_experts: int, token_mask: torch.Tensor | None = None,
+                   reduce=None) -> dict[str, torch.Tensor]:
+    """Unweighted balance losses of one MoE layer (see the module docstring for definitions).
+
+    reduce: None, or a function that sums the per-batch statistics (a dict of tensors) over the
+    data-parallel ranks with autograd, so every rank computes the losses of the global batch."""
     logits, probs, indices, weights = r.logits, r.probs, r.indices, r.weights
     if token_mask is not None:
         logits, probs = logits[token_mask], probs[token_mask]
         indices, weights = indices[token_mask], weights[token_mask]
     n, k = indices.shape
     gates = torch.zeros_like(probs).scatter_add_(1, indices, weights)
-    counts = torch.bincount(indices.reshape(-1), minlength=n_experts).float()
-    f = counts / max(n * k, 1)
+    sums = {"gates": gates.sum(0), "probs": probs.sum(0),
+            "counts": torch.bincount(indices.reshape(-1), minlength=n_experts).float(),
+            "z": torch.logsumexp(logits, dim=-1).pow(2).sum() if n else logits.sum() * 0,
+            "n": torch.tensor(float(n), device=logits.device)}
+    if reduce is not None:
+        sums = reduce(sums)
+    n = float(sums["n"])
+    f = sums["counts"] / max(n * k, 1)
     return {
-        "cv_importance": cv_squared(gates.sum(0)),
-        "cv_load": cv_squared(probs.sum(0)),
-        "switch": n_experts * (f * probs.mean(0)).sum() if n else probs.sum() * 0,
-        "z": torch.logsumexp(logits, dim=-1).pow(2).mean() if n else logits.sum() * 0,
+        "cv_importance": cv_squared(sums["gates"]),
+        "cv_load": cv_squared(sums["probs"]),
+        "switch": n_experts * (f * sums["probs"] / n).sum() if n else sums["probs"].sum() * 0,
+        "z": sums["z"] / n if n else sums["z"] * 0,
     }

@@ -54,7 +54,13 @@ def register(subparsers):
     p = subparsers.add_parser("serve", help="serve a checkpoint behind an OpenAI-compatible HTTP API",
                               description="Serve a checkpoint with the paged-KV engine behind the OpenAI API "
                                           "(/v1/models, /v1/completions, /v1/chat/completions, /health, /metrics).")
-    p.add_argument("checkpoint", help="checkpoint folder (config.json, safetensors, tokenizer.json)")
+    p.add_argument("checkpoint", nargs="?", help="checkpoint folder (config.json, safetensors, tokenizer.json); "
+                                                 "omit it with --config")
+    p.add_argument("--config", default=None, metavar="DEPLOY_YAML",
+                   help="serve the deployment a deploy.yaml describes (model, parallel_config, batching, block size, "
+                        "quantization, session cache); under torchrun --nproc_per_node=TP it runs tensor/expert "
+                        "parallel with rank 0 serving HTTP; the API key, request limits, --threads and --log-level "
+                        "flags then still apply, the engine and address flags do not. Default: none (serve CHECKPOINT with the flags below)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 = all interfaces"+D)
     p.add_argument("--port", type=int, default=8000, help="TCP port"+D)
     p.add_argument("--api-key-file", default=None, metavar="PATH",
@@ -96,6 +102,15 @@ def register(subparsers):
     p.set_defaults(func=serve)
 
 
+def _refuses_without_key(args, api_key: str | None, host: str) -> bool:
+    """True (after saying why) when a non-loopback address would be served without an API key."""
+    if api_key is None and not is_loopback(host) and not args.allow_unauthenticated:
+        print(f"openglm serve: refusing to serve on {host} without an API key: set ${KEY_ENV} or "
+              f"--api-key-file PATH (or pass --allow-unauthenticated)", file=sys.stderr)
+        return True
+    return False
+
+
 def serve(args) -> int:
     try:
         api_key = resolve_api_key(args)
@@ -104,9 +119,9 @@ def serve(args) -> int:
     except ValueError as exc:
         print(f"openglm serve: {exc}", file=sys.stderr)
         return 2
-    if api_key is None and not is_loopback(args.host) and not args.allow_unauthenticated:
-        print(f"openglm serve: refusing to serve on {args.host} without an API key: set ${KEY_ENV} or "
-              f"--api-key-file PATH (or pass --allow-unauthenticated)", file=sys.stderr)
+    if args.config is not None or args.checkpoint is None:
+        return _serve_config(args, api_key, limits)
+    if _refuses_without_key(args, api_key, args.host):
         return 2
 
     import torch  # heavy: loaded when serving, `openglm --help` stays fast
@@ -136,3 +151,34 @@ def serve(args) -> int:
           flush=True)
     uvicorn.Server(uvicorn_config(app, args.host, args.port, limits, args.log_level)).run()
     return 0
+
+
+def _serve_config(args, api_key: str | None, limits: ServerLimits) -> int:
+    """`--config deploy.yaml`: host, port and the engine come from the file; key and limits from the flags."""
+    if args.config is None:
+        print("openglm serve: give a CHECKPOINT folder or --config deploy.yaml", file=sys.stderr)
+        return 2
+    if args.checkpoint is not None:
+        print("openglm serve: give either a CHECKPOINT or --config (the config names the model), not both",
+              file=sys.stderr)
+        return 2
+    # heavy (torch, the engine, uvicorn): loaded when serving, `openglm --help` stays fast
+    import torch
+
+    from openglm.server.deploy_config import load_deploy_config
+    from openglm.server.launch import serve_deploy
+
+    try:
+        cfg = load_deploy_config(args.config)
+    except ValueError as exc:
+        print(f"openglm serve: {exc}", file=sys.stderr)
+        return 2
+    if _refuses_without_key(args, api_key, cfg.host):
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        return serve_deploy(cfg, api_key, limits, public_metrics=args.public_metrics, log_level=args.log_level)
+    except (OSError, ValueError) as exc:
+        print(f"openglm serve: {exc}", file=sys.stderr)
+        return 2

@@ -26,8 +26,9 @@ STATE_FILE = "trainer_state.pt"
 
 
 def save_checkpoint(out_dir: str | os.PathLike, step: int, model, trainer_state: dict, tokenizer=None,
-                    keep: int = 2) -> Path:
-    """Write checkpoint `step` atomically; prune all but the newest `keep`. Returns its folder."""
+                    keep: int = 2, before_commit=None) -> Path:
+    """Write checkpoint `step` atomically; prune all but the newest `keep`. Returns its folder.
+    before_commit(tmp_folder): adds more files (e.g. distributed shards) before the folder is renamed into place."""
     root = Path(out_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:07d}"
@@ -37,6 +38,8 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, model, trainer_state:
         if tokenizer is not None:
             tokenizer.save(tmp)
         torch.save(trainer_state, tmp / STATE_FILE)
+        if before_commit is not None:
+            before_commit(tmp)
         _fsync_dir(tmp)
         replace_dir(tmp, final)
         write_atomic(root / "latest", final.name + "\n", fsync=True)

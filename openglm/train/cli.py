@@ -59,6 +59,10 @@ def register(subparsers) -> None:
                             f"{', or the --recipe value' if flag != 'out' else ''})")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a ModelConfig field (JSON value), e.g. --set num_hidden_layers=4")
+    p.add_argument("--parallel", default=None, metavar="dp=N,ep=M",
+                   help="FSDP2 + expert-parallel layout under torchrun --nproc_per_node=N: dp = processes (dense "
+                        "weights, gradients, AdamW sharded over them), ep = expert groups (each rank holds "
+                        "n_routed_experts/ep experts; must divide dp). Default: none (plain data parallel)")
     p.add_argument("--offload-optimizer", action="store_true", help="keep AdamW state in CPU memory")
     p.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
                    help="continue exactly from the latest checkpoint in --out (or the given one)")
@@ -109,6 +113,8 @@ def _train_config(args):
         v = getattr(args, flag)
         if v is not None:
             values[_FIELD.get(flag, flag)] = v
+    if args.parallel is not None:
+        values["parallel"] = args.parallel
     overrides = {**values.get("model_overrides", {}), **dict(parse_override(item) for item in args.set)}
     values.update(model_overrides=overrides, offload_optimizer=args.offload_optimizer,
                   progress=not args.no_progress, plots=not args.no_plots)

@@ -36,6 +36,7 @@ class TrainConfig:
     router_bias_rate: float = 1e-3  # aux-loss-free balancing: per-step nudge of the routers' score bias
     offload_optimizer: bool = False  # keep AdamW state on the CPU when training on an accelerator
     device: str = "cpu"
+    parallel: str = ""  # "dp=N,ep=M": FSDP2 over N ranks + experts split M ways (under torchrun); "": DDP-style
     threads: int | None = None  # torch CPU threads; None: torch's default (all cores)
     seed: int = 0
     # telemetry and checkpoints

@@ -21,6 +21,7 @@ class DistInfo:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    owns_group: bool = False  # setup() started the process group (so teardown ends it)
 
     @property
     def is_main(self) -> bool:
@@ -37,16 +38,17 @@ def setup(device: str) -> DistInfo:
     if world <= 1:
         return DistInfo()
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    if not dist.is_initialized():
+    owns = not dist.is_initialized()  # a caller's group (e.g. several runs in one job) is left to the caller
+    if owns:
         backend = "nccl" if device.startswith("cuda") else "gloo"
         dist.init_process_group(backend=backend)
     if device.startswith("cuda"):
         torch.cuda.set_device(local)
-    return DistInfo(rank=rank, world=world, local_rank=local)
+    return DistInfo(rank=rank, world=world, local_rank=local, owns_group=owns)
 
 
 def teardown(info: DistInfo) -> None:
-    if info.enabled and dist.is_initialized():
+    if info.enabled and info.owns_group and dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -10,6 +10,7 @@ Python API (also used by benchmarks):
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,17 +22,18 @@ import torch.nn.functional as F
 from openglm.model.checkpoint import load_model, resolve_checkpoint
 from openglm.model.errors import CheckpointError
 from openglm.model.model import GlmMoeDsaForCausalLM
-from openglm.train import dist
+from openglm.model.parallel import ParallelLayout, check_training_layout
+from openglm.train import dist, dist_checkpoint, parallelize
 from openglm.train.activations import enable_activation_checkpointing
 from openglm.train.checkpoint import load_trainer_state, rng_state, save_checkpoint, set_rng_state
 from openglm.train.config import TrainConfig
 from openglm.train.data import PackedBatcher, eval_windows
 from openglm.train.optim import build_optimizer, clip_grad_norm
-from openglm.train.prepare import (build_model_config, check_resume_compatible, check_vocab, prepare_output,
-                                   prepare_tokens, split_stream, stderr_log)
+from openglm.train.prepare import (TrainSetupError, build_model_config, check_resume_compatible, check_vocab,
+                                   prepare_output, prepare_tokens, split_stream, stderr_log)
 from openglm.train.schedule import lr_at
 from openglm.train.telemetry import MetricsLog
-from openglm.train.tracker import StepTracker
+from openglm.train.tracker import ROUTER_SUFFIX, StepTracker
 
 
 class TrainingDiverged(RuntimeError):
@@ -68,6 +70,11 @@ def train(cfg: TrainConfig, model_config=None, tokenizer=None, train_tokens=None
 class Trainer:
     def __init__(self, cfg: TrainConfig, model_config=None, tokenizer=None, train_tokens=None, val_tokens=None,
                  resume=None, log=stderr_log):
+        # A bad layout is refused before any process group starts.
+        self.layout = ParallelLayout.parse(cfg.parallel) if cfg.parallel else None
+        if self.layout is not None:
+            check_training_layout(self.layout, model_config or build_model_config(cfg, None),
+                                  int(os.environ.get("WORLD_SIZE", "1")))
         self.cfg, self.info = cfg, dist.setup(cfg.device)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -101,9 +108,20 @@ class Trainer:
         self.model.train()
         if self.cfg.activation_checkpointing:
             enable_activation_checkpointing(self.model, self.cfg.activation_checkpointing)
+        self.par = None
+        if self.layout is not None:  # every rank built the same full model (same seed); shard it now
+            if self.cfg.offload_optimizer:
+                raise TrainSetupError("--offload-optimizer is not supported with --parallel (FSDP2 shards "
+                                      "the optimizer state instead)")
+            self.par = parallelize.build_meshes(self.layout, self.device.type)
+            parallelize.parallelize(self.model, self.par)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.model, self.cfg.lr, (self.cfg.beta1, self.cfg.beta2),
-                                         self.cfg.weight_decay, offload=self.cfg.offload_optimizer)
+        if self.par is not None:
+            self.optimizer = parallelize.build_optimizer(self.model, self.cfg.lr, (self.cfg.beta1, self.cfg.beta2),
+                                                         self.cfg.weight_decay)
+        else:
+            self.optimizer = build_optimizer(self.model, self.cfg.lr, (self.cfg.beta1, self.cfg.beta2),
+                                             self.cfg.weight_decay, offload=self.cfg.offload_optimizer)
 
     def _resume(self, resume) -> None:
         ckpt = resolve_checkpoint(self.out if resume is True else resume)
@@ -112,10 +130,16 @@ class Trainer:
         if state.get("world", 1) != self.info.world:
             raise CheckpointError(f"cannot resume from {ckpt}: it was trained on {state.get('world', 1)} processes, "
                                   f"this run has {self.info.world} (the global batch and data order would change)")
-        saved = load_model(ckpt, dtype=torch.float32)
-        self.model.load_state_dict(saved.state_dict())
-        del saved
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.par is not None:
+            dist_checkpoint.load(self.par, self.model, self.optimizer, ckpt, state)
+        else:
+            if state.get("parallel"):
+                raise CheckpointError(f"cannot resume from {ckpt}: it was trained with layout {state['parallel']}; "
+                                      "resume it with the same --parallel")
+            saved = load_model(ckpt, dtype=torch.float32)
+            self.model.load_state_dict(saved.state_dict())
+            del saved
+            self.optimizer.load_state_dict(state["optimizer"])
         self.batcher.load_state_dict(state["data"])
         set_rng_state(state["rng"])
         if "tracker" in state:  # checkpoints written before the tracker state was saved resume without it
@@ -181,13 +205,21 @@ class Trainer:
             c = self.tracker.add_routing(stats)
             if c is not None:
                 counts = c if counts is None else counts + c
-        dist.average_gradients(self.params, info)
+        if self.par is not None:  # FSDP2 averaged the dense gradients in backward
+            parallelize.reduce_expert_gradients(self.par)
+        else:
+            dist.average_gradients(self.params, info)
         sums = dist.all_reduce_sum(sums, info)
         lm_loss, aux_loss = (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
         if not math.isfinite(lm_loss + aux_loss):
             self._diverged(lm_loss, aux_loss)
-        router_norm = self.tracker.router_grad_norm(self.model)
-        grad_norm = clip_grad_norm(self.params, cfg.grad_clip)
+        if self.par is not None:
+            router = [p for n, p in self.model.named_parameters() if n.endswith(ROUTER_SUFFIX)]
+            router_norm = float(parallelize.global_grad_norm(self.par, router))
+            grad_norm = parallelize.clip_gradients(self.par, self.params, cfg.grad_clip)
+        else:
+            router_norm = self.tracker.router_grad_norm(self.model)
+            grad_norm = clip_grad_norm(self.params, cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if counts is not None and cfg.router_bias_rate > 0:
@@ -234,7 +266,11 @@ class Trainer:
         self.model.eval()
         mine = torch.from_numpy(self.val_windows[self.info.rank::self.info.world])
         total = torch.zeros(2, dtype=torch.float64)
-        for chunk in mine.split(self.cfg.batch_size):
+        chunks = list(mine.split(self.cfg.batch_size))
+        if self.par is not None:  # sharded forwards are collectives: every rank runs as many (some empty)
+            most = math.ceil(math.ceil(len(self.val_windows) / self.info.world) / self.cfg.batch_size)
+            chunks += [mine[:0]] * (most - len(chunks))
+        for chunk in chunks:
             chunk = chunk.to(self.device)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.dtype == "bf16"):
                 logits = self.model(chunk[:, :-1]).logits.float()
@@ -250,6 +286,12 @@ class Trainer:
         return val
 
     def save(self) -> Path | None:
+        if self.par is not None:
+            state = {"step": self.step, "data": self.batcher.state_dict(), "rng": rng_state(),
+                     "train_config": self.cfg.to_dict(), "world": self.info.world}
+            self.checkpoint = dist_checkpoint.save(self.par, self.model, self.optimizer, self.out, self.step, state,
+                                                   self.tokenizer, self.cfg.keep_checkpoints)
+            return self.checkpoint
         if self.info.is_main:
             state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "data": self.batcher.state_dict(),
                      "rng": rng_state(), "tracker": self.tracker.state_dict(), "train_config": self.cfg.to_dict(),

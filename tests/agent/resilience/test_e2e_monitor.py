@@ -94,10 +94,12 @@ def test_wall_clock_ends_the_task_timed_out_and_a_raise_while_running_extends_it
     extended = service.submit(store, config, "slow", str(workspace), {"timeout": "1.5s"})
 
     def raise_then_continue(messages):
-        raise_budget(store, extended.id, timeout="1m")  # from "another client", while the task runs
-        return turns[1]
+        # From "another client", while the task runs: at its first model call, so the raise does not race the
+        # 1.5 s clock on a loaded machine (each command also pays the confinement launcher's start-up).
+        raise_budget(store, extended.id, timeout="1m")
+        return turns[0]
 
-    assert worker(config, store, ScriptedModel([turns[0], raise_then_continue, *turns[2:]])).run_one() == "SUCCEEDED"
+    assert worker(config, store, ScriptedModel([raise_then_continue, *turns[1:]])).run_one() == "SUCCEEDED"
     assert events(store, extended.id, "budget_raised")[0].data["caps"] == {"timeout": "1m"}
 
 

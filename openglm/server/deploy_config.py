@@ -1,0 +1,148 @@
+"""deploy.yaml: one deployment described once, served by `openglm serve --config` (under torchrun for
+tensor/expert parallelism) or handed to vLLM / SGLang by `openglm deploy`.
+
+    model: runs/demo                      # checkpoint folder (or a Hugging Face id, for the hand-off)
+    served_model_name: glm-5.1
+    host: 0.0.0.0
+    port: 8000
+    parallel_config: {tensor_parallel: 4, expert_parallel: 2, pipeline_parallel: 1}   # the write-ups' block
+    max_num_batched_tokens: 202000        # tokens computed per step (prefill chunk + decodes)
+    max_num_seqs: 32
+    max_model_len: null                   # null: the model's
+    block_size: 16                        # tokens per KV block
+    num_kv_blocks: 2048                   # openglm's pool size (GPU engines size theirs from memory)
+    quantization: fp8                     # none | fp8 | int8 (weight-only)
+    dtype: bfloat16
+    session_cache: {enabled: true, ttl_s: 600}   # prefix cache across turns, idle blocks kept ttl_s seconds
+    speculative: {method: mtp, num_speculative_tokens: 1}   # GLM's MTP layer (hand-off engines only)
+    tool_call_parser: glm45
+    reasoning_parser: glm45
+
+Every key is optional except `model`; an unknown key or a wrong type is an error naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+from openglm.model.parallel import ParallelLayout
+
+
+class DeployConfigError(ValueError):
+    """deploy.yaml is missing, unreadable, or holds a key or value openglm does not know."""
+
+
+@dataclass(frozen=True)
+class SessionCache:
+    enabled: bool = True
+    ttl_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class Speculative:
+    method: str = "mtp"  # the only draft GLM-5 ships: its multi-token-prediction layer
+    num_speculative_tokens: int = 1
+
+    def __post_init__(self):
+        if self.method != "mtp":
+            raise DeployConfigError(f"speculative.method={self.method!r}: only 'mtp' (GLM's own draft layer) is mapped")
+        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
+            raise DeployConfigError("speculative.num_speculative_tokens must be a positive integer")
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    model: str
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    parallel_config: ParallelLayout = field(default_factory=ParallelLayout)
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 32
+    max_model_len: int | None = None
+    block_size: int = 16
+    num_kv_blocks: int = 2048
+    quantization: str | None = None
+    dtype: str = "float32"
+    session_cache: SessionCache = field(default_factory=SessionCache)
+    speculative: Speculative | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+
+    def __post_init__(self):
+        for name in ("port", "max_num_batched_tokens", "max_num_seqs", "block_size", "num_kv_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise DeployConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len <= 0):
+            raise DeployConfigError(f"max_model_len must be a positive integer or null, got {self.max_model_len!r}")
+        if self.quantization not in (None, "none", "fp8", "int8"):
+            raise DeployConfigError(f"quantization must be none, fp8 or int8, got {self.quantization!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise DeployConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+
+    @property
+    def layout(self) -> ParallelLayout:
+        return self.parallel_config
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or Path(self.model).name
+
+
+def _nested(cls, key: str, value):
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise DeployConfigError(f"{key} must be a mapping, got {type(value).__name__}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise DeployConfigError(f"{key}: unknown key(s) {unknown} (known: {sorted(known)})")
+    return cls(**value)
+
+
+def parse_deploy_config(data) -> DeployConfig:
+    if not isinstance(data, dict):
+        raise DeployConfigError("deploy config must be a mapping of keys to values")
+    known = {f.name for f in fields(DeployConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise DeployConfigError(f"unknown key(s) {unknown} (known: {sorted(known)})")
+    if not data.get("model"):
+        raise DeployConfigError("`model` is required: the checkpoint folder (or model id) to serve")
+    values = dict(data)
+    if "parallel_config" in values:
+        pc = values["parallel_config"]
+        if not isinstance(pc, dict):
+            raise DeployConfigError("parallel_config must be a mapping, e.g. {tensor_parallel: 4, expert_parallel: 2}")
+        values["parallel_config"] = ParallelLayout.from_dict(pc)
+    values["session_cache"] = _nested(SessionCache, "session_cache", values.get("session_cache")) or SessionCache()
+    values["speculative"] = _nested(Speculative, "speculative", values.get("speculative"))
+    if values.get("quantization") == "none":
+        values["quantization"] = None
+    values["model"] = str(values["model"])
+    try:
+        return DeployConfig(**values)
+    except TypeError as e:
+        raise DeployConfigError(str(e)) from None
+
+
+def load_deploy_config(path: str | Path) -> DeployConfig:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise DeployConfigError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise DeployConfigError(f"{path} is not valid YAML: {e}") from None
+    cfg = parse_deploy_config(data)
+    model = Path(cfg.model)
+    if not model.is_absolute() and (Path(path).parent / model).exists():  # relative to the config file
+        cfg = dataclasses.replace(cfg, model=str(Path(path).parent / model))
+    return cfg
