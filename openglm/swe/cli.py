@@ -138,6 +138,13 @@ JSON_OUT = "write the JSON to this file (default: stdout)"
 INSTANCE_IDS = "only these instance ids (default: all)"
 
 
+def _add_run_outputs(p, func) -> None:
+    """The flags every suite-running command shares: where imports resolve, where the JSON goes."""
+    p.add_argument("--pythonpath", nargs="*", help=PYTHONPATH)
+    p.add_argument("--json", metavar="FILE", help=JSON_OUT)
+    p.set_defaults(func=func)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("localize", help="rank files/functions/lines for a failing test (JSON)")
     p.add_argument("repo", type=existing_dir, help=REPO)
@@ -150,9 +157,7 @@ def register(subparsers) -> None:
     p.add_argument("--scope", choices=["files", "all"], default="files",
                    help="tests run for coverage: the failing tests' files or the whole suite (default %(default)s)")
     p.add_argument("--top", type=int, default=20, help="locations listed per level (default %(default)s)")
-    p.add_argument("--pythonpath", nargs="*", help=PYTHONPATH)
-    p.add_argument("--json", metavar="FILE", help=JSON_OUT)
-    p.set_defaults(func=cmd_localize)
+    _add_run_outputs(p, cmd_localize)
 
     p = subparsers.add_parser("verify", help="compile + Pyflakes + tests with per-test results (JSON)")
     p.add_argument("repo", type=existing_dir, help=REPO)
@@ -161,9 +166,7 @@ def register(subparsers) -> None:
     p.add_argument("--runner", choices=["auto", "pytest", "unittest", "none"], default="auto",
                    help="test runner; auto = pytest when installed, else unittest (default %(default)s)")
     p.add_argument("--timeout", type=float, default=900, help="seconds the test run may take (default %(default)s)")
-    p.add_argument("--pythonpath", nargs="*", help=PYTHONPATH)
-    p.add_argument("--json", metavar="FILE", help=JSON_OUT)
-    p.set_defaults(func=cmd_verify)
+    _add_run_outputs(p, cmd_verify)
 
     p = subparsers.add_parser("bisect", help="git bisect run automation: the first bad commit")
     p.add_argument("repo", type=existing_dir, help="git repository")
