@@ -13,7 +13,7 @@ import uvicorn
 
 from openglm.engine import EngineConfig, LLMEngine
 from openglm.engine.quant import quantize_model
-from openglm.engine.tokenizing import EngineTokenizer
+from openglm.tokenizer import Tokenizer
 from openglm.engine.model_runner import ModelRunner
 from openglm.engine.parallel import BroadcastingModelRunner, follow_steps, shard_for_serving
 from openglm.model.checkpoint import load_model, read_config, resolve_checkpoint
@@ -57,7 +57,7 @@ def build_parallel_engine(cfg: DeployConfig):
     model = shard_for_serving(load_model(str(path), dtype=getattr(torch, config.dtype)), cfg.layout)
     if config.quantization:
         quantize_model(model, config.quantization)
-    tokenizer = EngineTokenizer(path)
+    tokenizer = Tokenizer.from_checkpoint(path)
     if dist.is_initialized() and dist.get_rank() > 0:
         return ModelRunner(model, config.num_kv_blocks, config.block_size, getattr(tokenizer, "pad_id", 0))
     engine = LLMEngine(model, tokenizer, config)
