@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import socket
 import subprocess
@@ -28,6 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+from machine import cpu_model  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
 
 KEY = "bench-abuse-key"
 HOST = "127.0.0.1"  # loopback only
@@ -38,13 +38,6 @@ HOSTILE_CONCURRENCY = 16  # hostile requests in flight at most
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))] if xs else float("nan")
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def rss_mb(pid: int) -> float:

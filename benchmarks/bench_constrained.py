@@ -15,22 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from machine import cpu_model  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
 
 
 def stdlib_corpus(mb: float) -> list[str]:
@@ -134,7 +124,7 @@ def main() -> None:
                           "runs": {name: r for name, r in rows}}, indent=2))
         return
     print(f"CPU: {cpu_model()}  threads={args.threads}  preset={args.preset}  vocab={vocab}  batch={args.batch}")
-    print(f"| run | decode steps | ms/step | llguidance ms/step | llguidance share of decode |")
+    print("| run | decode steps | ms/step | llguidance ms/step | llguidance share of decode |")
     print("|---|---:|---:|---:|---:|")
     for name, r in rows:
         print(f"| {name} | {r['steps']} | {r['ms_per_step']:.2f} | {r['grammar_ms_per_step']:.3f} | "

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -29,16 +28,10 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from machine import cpu_model  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
 
 PY = sys.executable
 LEASE = "3"
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def marked(marker: str) -> list[int]:

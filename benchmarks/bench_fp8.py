@@ -8,23 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
 import torch
 
 from openglm.model.fp8 import dequantize, quantize
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from machine import cpu_model  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
 
 
 def per_tile_matmul(x, q, scale, block, dtype):

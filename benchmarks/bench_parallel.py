@@ -14,24 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from machine import cpu_model  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def worker(steps: int, out: str) -> None:

@@ -1,0 +1,14 @@
+"""What every benchmark prints first: the CPU it ran on (the figures are only comparable within one CPU)."""
+
+import platform
+from pathlib import Path
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
