@@ -22,7 +22,6 @@ import os
 import shutil
 import stat
 import subprocess
-import tempfile
 import zlib
 from pathlib import Path
 

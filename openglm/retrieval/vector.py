@@ -21,7 +21,6 @@ the vectors must be L2-normalised and scores are returned as 1 - d/2 (the cosine
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
