@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
 from openglm.model.fp8 import dequantize, quantize
-from machine import cpu_model  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
+from machine import cpu_model, median_time  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
 
 
 def per_tile_matmul(x, q, scale, block, dtype):
@@ -27,14 +25,6 @@ def per_tile_matmul(x, q, scale, block, dtype):
     return out
 
 
-def median_time(fn, repeat=7):
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main(argv=None):
@@ -52,7 +42,7 @@ def main(argv=None):
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
         deq = dequantize(q, scale, block).to(dtype)
-        load_s = median_time(lambda: dequantize(q, scale, block).to(dtype), repeat=3)
+        load_s = median_time(lambda: dequantize(q, scale, block).to(dtype), repeats=3)
         for n in (8, 512):
             x = torch.randn(n, args.size).to(dtype)
             on_load = median_time(lambda: x @ deq.t())

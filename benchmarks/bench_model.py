@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from machine import median_time  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
 from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig
 from openglm.model.moe import MLP, MoE
 from openglm.model.params import parameter_report
@@ -26,15 +27,6 @@ PREFILL_B, PREFILL_T = 4, 512
 DECODE_B, DECODE_PROMPT, DECODE_STEPS = 8, 256, 32
 
 
-def median_time(fn, repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def matmul_peak(dtype, n=2048, repeats=5) -> float:
