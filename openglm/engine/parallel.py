@@ -101,15 +101,26 @@ class BroadcastingModelRunner(ModelRunner):
         return super().execute(step)
 
     def stop_followers(self) -> None:
+        """Tell the followers to return from `follow_steps`, then leave the group with them (`leave_group`)."""
         dist.broadcast_object_list([None], src=0)
+        leave_group()
 
 
 @torch.inference_mode()
 def follow_steps(runner: ModelRunner) -> None:
-    """Ranks > 0: run every model call rank 0 broadcasts, until it broadcasts None (shutdown)."""
+    """Ranks > 0: run every model call rank 0 broadcasts, until it broadcasts None (shutdown), then leave."""
     while True:
         message = [None]
         dist.broadcast_object_list(message, src=0)
         if message[0] is None:
+            leave_group()
             return
         runner.execute(message[0])
+
+
+def leave_group() -> None:
+    """Every rank: wait until all ranks are done, then destroy the process group. Without the barrier a rank
+    that tears down its gloo connections first can reset a peer that is still reading the last message
+    (seen as a follower aborting with `terminate called without an active exception` on a loaded machine)."""
+    dist.barrier()
+    dist.destroy_process_group()

@@ -72,7 +72,6 @@ def serve_deploy(cfg: DeployConfig, api_key: str | None, limits: ServerLimits, p
     built = build_parallel_engine(cfg)
     if isinstance(built, ModelRunner):  # a follower rank
         follow_steps(built)
-        dist.destroy_process_group()
         return 0
     for note in unused_fields(cfg):
         print(f"openglm serve: note: {note}", file=sys.stderr)
@@ -85,5 +84,4 @@ def serve_deploy(cfg: DeployConfig, api_key: str | None, limits: ServerLimits, p
     finally:
         if isinstance(built.runner, BroadcastingModelRunner):
             built.runner.stop_followers()
-            dist.destroy_process_group()
     return 0

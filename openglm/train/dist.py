@@ -49,6 +49,7 @@ def setup(device: str) -> DistInfo:
 
 def teardown(info: DistInfo) -> None:
     if info.enabled and info.owns_group and dist.is_initialized():
+        dist.barrier()  # no rank closes its gloo connections while a peer still reads (see engine/parallel.py)
         dist.destroy_process_group()
 
 

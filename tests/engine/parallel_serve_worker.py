@@ -35,4 +35,3 @@ if __name__ == "__main__":
     else:
         torch.save(generate(built), sys.argv[2])
         built.runner.stop_followers()
-    torch.distributed.destroy_process_group()

@@ -46,11 +46,18 @@ def single_process_ids(tiny_checkpoint):
 def test_four_ranks_tp4_ep2_greedy_equals_one_process(tiny_checkpoint, tmp_path, single_process_ids):
     config = deploy_yaml(tmp_path, tiny_checkpoint, parallel_config={"tensor_parallel": 4, "expert_parallel": 2,
                                                                       "pipeline_parallel": 1})
-    out = tmp_path / "ids.pt"
+    out, logs = tmp_path / "ids.pt", tmp_path / "logs"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
-                           str(WORKER), str(config), str(out)], env=ENV, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+                           f"--log-dir={logs}", "--redirects=3", str(WORKER), str(config), str(out)],
+                          env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, rank_logs(logs) + proc.stderr[-2000:]
     assert torch.load(out) == single_process_ids
+
+
+def rank_logs(log_dir: Path) -> str:
+    """The end of every rank's own output (torchrun's summary alone hides which call failed)."""
+    return "".join(f"--- {path.relative_to(log_dir)}\n{path.read_text(errors='replace')[-1500:]}\n"
+                   for path in sorted(log_dir.rglob("*.log")))
 
 
 def _get(url, body=None):
