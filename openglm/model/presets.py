@@ -2,6 +2,8 @@
 
 - tiny:  unit tests (a forward takes milliseconds).
 - small: the CPU demo scale (~14M parameters; trains in minutes on 2 cores).
+- medium: GLM-5's shape scaled to one CPU box for inference benchmarks (~1.4B total, ~0.3B active): GLM-5's
+  head dimensions (MLA qk 192+64, v 256, kv_lora 512; indexer 128-wide), 64 routed experts top-8 + 1 shared.
 - glm-5: the published GLM-5 shape (transformers' GlmMoeDsaConfig defaults): ~744B total, ~40B active.
 - glm-4.5, glm-4.5-air, glm-4.6, glm-4.7 (`glm4_moe`, GQA) and glm-4.7-flash (`glm4_moe_lite`, MLA without
   DSA): the shapes of zai-org's published config.json files.
@@ -30,6 +32,15 @@ PRESETS: dict[str, dict] = {
         index_topk=128, index_head_dim=32, index_n_heads=4,
         indexer_types=["full", "full", "shared", "full", "shared", "full"],
         max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    ),
+    "medium": dict(
+        vocab_size=32768, hidden_size=1024, intermediate_size=4096, moe_intermediate_size=512,
+        num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=16,
+        q_lora_rank=512, kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256,
+        n_routed_experts=64, n_shared_experts=1, num_experts_per_tok=8, n_group=1, topk_group=1,
+        first_k_dense_replace=1, routed_scaling_factor=2.5,
+        index_topk=2048, index_head_dim=128, index_n_heads=8,
+        max_position_embeddings=65536, bos_token_id=1, eos_token_id=2, pad_token_id=0,
     ),
     # transformers 5.23.0 GlmMoeDsaConfig defaults (zai-org/GLM-5).
     "glm-5": dict(),
