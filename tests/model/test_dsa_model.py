@@ -49,6 +49,27 @@ def test_topk_covering_every_key_equals_dense_attention(left, padded_batch):
     assert (a - b).abs()[mask.bool()].max() <= TOL
 
 
+def test_prefill_selecting_every_key_runs_latent_attention_equal_to_dense_with_and_without_a_cache(monkeypatch):
+    """No padding and at most index_topk keys: DSA is causal attention, run by `attend_latent` (own and 'shared'
+    layers alike), in one prefill and in a chunked prefill on a cache."""
+    from openglm.model import DynamicCache, attention
+
+    calls = []
+    real = attention.attend_latent
+    monkeypatch.setattr(attention, "attend_latent", lambda *a, **k: calls.append(1) or real(*a, **k))
+    dsa, dense = pair()
+    ids = torch.randint(3, dsa.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        full, ref = dsa(ids).logits, dense(ids).logits
+        cache = DynamicCache()
+        dsa(ids[:, :10], cache=cache)
+        rest = dsa(ids[:, 10:], cache=cache).logits
+    assert len(calls) == 3 * dsa.config.num_hidden_layers  # three forwards, every layer
+    assert ref.abs().max() > 1.0
+    assert (full - ref).abs().max() <= TOL
+    assert (rest - ref[:, 10:]).abs().max() <= TOL
+
+
 def test_training_step_gradients_equal_the_dense_model_when_topk_covers_every_key(padded_batch):
     dsa, dense = pair()
     ids, mask, _ = padded_batch(dsa.config.vocab_size, [24, 15], seed=5)
