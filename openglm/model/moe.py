@@ -96,15 +96,16 @@ class Experts(nn.Module):
             kept = torch.arange(order.numel(), device=x.device) - starts[flat[order]] < capacity
             dropped = int((counts - counts.clamp(max=capacity)).sum())
             counts = counts.clamp(max=capacity)
-        rows = order if kept is None else order[kept]
+        rows = order if kept is None else order[kept]  # dropped assignments contribute zero
+        tokens = rows // k
         # index_select rather than advanced indexing / index_copy_: a memcpy per row, 2-7x faster here.
-        ys = self._grouped(x.index_select(0, rows // k), counts.tolist())
-        if kept is not None:  # dropped assignments contribute zero
-            ys = torch.zeros(order.numel(), x.shape[1], dtype=ys.dtype, device=ys.device).index_put_((kept,), ys)
-        # Undo the sort (assignment order[i] is row i), then a weighted sum over each token's k rows.
-        unsort = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
-        y = ys.index_select(0, unsort).view(N, k, ys.shape[-1])
-        return torch.bmm(weights.to(y.dtype).unsqueeze(1), y).squeeze(1), dropped
+        ys = self._grouped(x.index_select(0, tokens), counts.tolist())
+        # Each row times its routing weight, summed into its token by index_add: 1.5-5x faster than undoing
+        # the sort and a [N, 1, k] x [N, k, H] bmm (bf16 most), and it accumulates in the model dtype as
+        # transformers' loop does.
+        w = weights.reshape(-1)[rows].to(ys.dtype).unsqueeze(1)
+        ys = ys * w if torch.is_grad_enabled() else ys.mul_(w)  # in place: a fresh bf16 product cost ~7x more
+        return torch.zeros(N, ys.shape[1], dtype=ys.dtype, device=ys.device).index_add_(0, tokens, ys), dropped
 
     def _forward_small(self, x, indices, weights):
         """`forward` for a handful of assignments (decode): the expert sort done on a Python list, since
@@ -145,6 +146,8 @@ class Experts(nn.Module):
                 return self._grouped_mm(xs, counts)
             with _without_onednn():  # see below: ATen's gemm is the faster one for a few bf16 rows
                 return self._grouped_mm(xs, counts)
+        if xs.dtype == torch.bfloat16 and min(n for n in counts if n) > FEW_ROWS and self._grouped_mm_ok(xs.dtype):
+            return self._grouped_mm(xs, counts)  # prefill: ~1.1x the per-expert loop in bf16 (fp32: slower)
         active = [(e, x, y) for e, (x, y) in enumerate(zip(xs.split(counts), ys.split(counts))) if len(x)]
         few = [a for a in active if len(a[1]) <= FEW_ROWS]
         many = [a for a in active if len(a[1]) > FEW_ROWS]
