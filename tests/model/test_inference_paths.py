@@ -118,6 +118,20 @@ def test_grouped_expert_matmuls_equal_the_per_expert_loop(dtype, tol, monkeypatc
     assert grouped.dtype == dtype and (grouped.float() - loop.float()).abs().max() <= tol
 
 
+def test_bf16_prefill_experts_take_the_grouped_matmul_equal_to_the_per_expert_loop(monkeypatch):
+    experts = _experts(1).to(torch.bfloat16)
+    calls = []
+    real = experts._grouped_mm
+    monkeypatch.setattr(experts, "_grouped_mm", lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        counts = [9, 0, 12, 5, 0, 7, 6, 10]  # every active expert has more than FEW_ROWS rows: a prefill
+        xs = torch.randn(sum(counts), 64, dtype=torch.bfloat16)
+        grouped = experts._grouped_inference(xs, counts, torch.empty_like(xs))
+        loop = _loop(experts, xs, counts).float()
+    assert calls and loop.abs().max() > 0.1
+    assert (grouped.float() - loop).abs().max() <= 0.02 * loop.abs().max()
+
+
 @pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the decode kernels cannot be built")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_native_expert_kernel_equals_the_per_expert_loop(dtype):
