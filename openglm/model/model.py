@@ -202,11 +202,11 @@ class GlmMoeDsaForCausalLM(nn.Module):
         return CausalLMOutput(logits, aux)
 
     def mtp_forward(self, hidden, next_ids, position_ids, attention_mask=None, cache=None, depth: int = 0,
-                    return_aux: bool = False):
+                    return_aux: bool = False, return_logits: bool = True):
         """One next-n layer: `hidden` [B, T, H] is the main model's final-norm hidden state at `position_ids`
         (or, chaining drafts, this layer's own previous output), `next_ids` [B, T] the token after each
-        position. Returns (logits [B, T, vocab] predicting the token after next, the layer's output hidden
-        state for the next chained call, the MoE stats when return_aux). `cache` holds this layer's own KV
+        position. Returns (logits [B, T, vocab] predicting the token after next (None unless return_logits),
+        the layer's output hidden state for the next chained call, the MoE stats when return_aux). `cache` holds this layer's own KV
         (layer index num_hidden_layers + depth), in step with the main model's positions."""
         self._check_ids(next_ids)
         layer = self.model.mtp_layers[depth]
@@ -217,8 +217,12 @@ class GlmMoeDsaForCausalLM(nn.Module):
         x = layer.mix(self.model.embed_tokens(next_ids), hidden, position_ids)
         rot = self.model.rotary_emb(position_ids)
         x, _, stats = layer(x, rot, key_valid, past, cache, None, token_mask, return_aux)
-        logits = self.lm_head(layer.shared_head.norm(x))
+        logits = self.mtp_logits(x, depth) if return_logits else None
         return logits, x, (self._collect([stats] if stats is not None else [], x) if return_aux else None)
+
+    def mtp_logits(self, mtp_hidden: torch.Tensor, depth: int = 0) -> torch.Tensor:
+        """The shared LM head over a next-n layer's output (after that layer's shared_head.norm)."""
+        return self.lm_head(self.model.mtp_layers[depth].shared_head.norm(mtp_hidden))
 
     def _check_ids(self, input_ids: torch.Tensor) -> None:
         if input_ids.dim() != 2:
