@@ -45,6 +45,8 @@ class EngineStats:
     prompt_tokens: int
     generation_tokens: int
     computed_tokens: int
+    draft_tokens: int = 0  # MTP drafts verified (speculative decoding; cumulative)
+    accepted_draft_tokens: int = 0  # of those, accepted
 
 
 class LLMEngine:
