@@ -5,7 +5,9 @@
 The checkpoint needs a trained next-n layer: `openglm demo` trains the `small` preset's one (a random
 layer drafts noise and is never accepted). Each request runs alone (batch 1), greedy, a fixed number of
 tokens; decode tok/s counts the tokens after the first one over the time between the first and the last
-(prefill excluded). Every speculative run must reproduce the plain run's tokens exactly.
+(prefill excluded). Every speculative run must reproduce the plain run's tokens exactly. The per-step
+columns split each engine step (prefill steps included) into the main model's forward, the MTP layer's
+calls and the rest (scheduling, acceptance, sampling, detokenizing): what bounds the speed-up.
 """
 
 from __future__ import annotations
@@ -32,13 +34,31 @@ def prompts(tokenizer, n: int, length: int, seed: int = 0) -> list[list[int]]:
     return [ids[s : s + length] for s in (rng.randrange(0, len(ids) - length) for _ in range(n))]
 
 
+def timed(engine: LLMEngine, spent: dict) -> None:
+    """Accumulate the seconds the runner spends in the main model and in the MTP layer."""
+    for name, part in (("run", "main"), ("run_verify", "main"), ("run_mtp", "mtp")):
+        fn = getattr(engine.runner, name)
+
+        def wrapper(*a, _fn=fn, _part=part):
+            t0 = time.perf_counter()
+            try:
+                return _fn(*a)
+            finally:
+                spent[_part] += time.perf_counter() - t0
+        setattr(engine.runner, name, wrapper)
+
+
 def run(ckpt: str, k: int, batch: list[list[int]], max_tokens: int) -> dict:
     engine = LLMEngine.from_pretrained(ckpt, EngineConfig(num_speculative_tokens=k, enable_prefix_caching=False))
+    spent = {"main": 0.0, "mtp": 0.0}
+    timed(engine, spent)
     params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=max_tokens)
     engine.add_request(batch[0], params)  # warm-up
     while engine.has_unfinished():
         engine.step()
     before = dict(engine.counters)
+    spent.update(main=0.0, mtp=0.0)
+    t_all = time.perf_counter()
     outputs, rates = [], []
     for ids in batch:
         engine.add_request(ids, params)
@@ -50,12 +70,14 @@ def run(ckpt: str, k: int, batch: list[list[int]], max_tokens: int) -> dict:
                 if out.finished:
                     rates.append((len(out.outputs[0].token_ids) - 1) / (time.perf_counter() - t_first))
                     outputs.append(out.outputs[0].token_ids)
+    t_all = time.perf_counter() - t_all
     c = engine.counters
     drafts, accepted = c["draft_tokens"] - before["draft_tokens"], c["accepted_draft_tokens"] - before["accepted_draft_tokens"]
     steps = c["steps"] - before["steps"]
     return {"k": k, "tok_s": statistics.median(rates), "outputs": outputs, "steps": steps,
             "acceptance": accepted / drafts if drafts else float("nan"),
-            "tokens_per_step": len(batch) * max_tokens / steps}
+            "tokens_per_step": len(batch) * max_tokens / steps, "main_ms": 1e3 * spent["main"] / steps,
+            "mtp_ms": 1e3 * spent["mtp"] / steps, "rest_ms": 1e3 * (t_all - spent["main"] - spent["mtp"]) / steps}
 
 
 def main() -> int:
@@ -80,12 +102,13 @@ def main() -> int:
     print(f"{args.requests} requests alone (batch 1), prompt {args.prompt_len} tokens, {args.max_tokens} greedy tokens each")
     base = run(ckpt, 0, batch, args.max_tokens)
     rows = [base] + [run(ckpt, int(k), batch, args.max_tokens) for k in args.ks.split(",")]
-    print(f"\n{'drafts k':>8} {'decode tok/s':>13} {'speed-up':>9} {'acceptance':>11} {'tokens/step':>12} {'greedy identical':>17}")
+    print(f"\n{'drafts k':>8} {'decode tok/s':>13} {'speed-up':>9} {'acceptance':>11} {'tokens/step':>12} "
+          f"{'main ms/step':>13} {'MTP ms/step':>12} {'rest ms/step':>13} {'greedy identical':>17}")
     for r in rows:
         same = "yes" if r["outputs"] == base["outputs"] else "NO"
         acc = "-" if r["k"] == 0 else f"{r['acceptance']:.1%}"
         print(f"{r['k']:>8} {r['tok_s']:>13,.1f} {r['tok_s'] / base['tok_s']:>8.2f}x {acc:>11} "
-              f"{r['tokens_per_step']:>12.2f} {same:>17}")
+              f"{r['tokens_per_step']:>12.2f} {r['main_ms']:>13.2f} {r['mtp_ms']:>12.2f} {r['rest_ms']:>13.2f} {same:>17}")
     return 0 if all(r["outputs"] == base["outputs"] for r in rows) else 1
 
 
