@@ -1,37 +1,54 @@
-"""openglm vs transformers GlmMoeDsaForCausalLM on the `small` preset, one run, same weights.
+"""The model against this CPU's limits (and transformers' GlmMoeDsaForCausalLM, same weights), one run.
 
-Cells: prefill (batch 4 x 512 tokens, one forward) and decode (batch 8, one token per step on a
-cache holding a 256-token prompt), in fp32 and bf16; tokens/s (median of repeats), the speed-up,
-and model-FLOPs utilisation against this CPU's measured dense-matmul peak. Also the MoE layer's
-achieved GFLOP/s against a dense SwiGLU MLP with the same active FLOPs.
+Presets: `small` (the CPU demo scale) and `medium` (GLM-5's head dimensions, 64 routed experts top-8, ~1.35B
+total / ~0.38B active parameters). Per dtype (fp32, bf16), measured in the same run:
+- the limits: a dense matmul's FLOP/s (the MFU denominator) and a streaming read's bytes/s (memory bandwidth);
+- prefill (one forward over batch x length random tokens): tokens/s and MFU;
+- decode (one token per step on a cache holding a prompt; batch 1 and, for small, 8): tokens/s, MFU, and the
+  achieved bandwidth: bytes of weights and KV cache a step reads (`step_bytes`) / step time, against the
+  streaming read;
+- the MoE layer's GFLOP/s against a dense SwiGLU MLP with the same active FLOPs (prefill's token count);
+- which kernels each path ran: the top ops of a profiled forward and the oneDNN primitives it executed.
+Speed-ups against transformers are medians of interleaved runs (a, b, a, b, ...), so both see the same load.
 
-    flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_model.py [--json] [--quick] [--threads N]
-        [--phases prefill,decode] [--dtypes float32,bfloat16]
+    flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_model.py [--preset small|medium] [--quick]
+        [--dtypes float32,bfloat16] [--phases prefill,decode] [--threads 1] [--no-transformers] [--json]
+
+`--preset medium --no-transformers` is the usual medium run (transformers' per-expert loop at that size takes
+minutes per cell; ~11 GB for both fp32 copies).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import os
 import statistics
+import sys
+import tempfile
 import time
+from dataclasses import asdict, dataclass
 
 import torch
 
-from machine import median_time  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
+from machine import cpu_model, isa, matmul_peak, median_time, memory_bandwidth  # benchmarks/ is on sys.path
 from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig
 from openglm.model.moe import MLP, MoE
+from openglm.model.native import decode_kernels, dsa_kernels
 from openglm.model.params import parameter_report
 
-PREFILL_B, PREFILL_T = 4, 512
-DECODE_B, DECODE_PROMPT, DECODE_STEPS = 8, 256, 32
+
+@dataclass(frozen=True)
+class Shapes:
+    prefill_batch: int
+    prefill_len: int
+    decode_batches: tuple[int, ...]
+    decode_prompt: int
+    decode_steps: int
 
 
-
-
-def matmul_peak(dtype, n=2048, repeats=5) -> float:
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    return 2 * n ** 3 / median_time(lambda: a @ b, repeats, warmup=2)
+SHAPES = {"small": Shapes(4, 512, (1, 8), 256, 32), "medium": Shapes(1, 512, (1,), 256, 16)}
 
 
 def flops_per_token(cfg: ModelConfig, context: float) -> float:
@@ -44,77 +61,84 @@ def flops_per_token(cfg: ModelConfig, context: float) -> float:
     return 2 * matmul + attn
 
 
-def build(cfg: ModelConfig, dtype):
-    from transformers import GlmMoeDsaConfig
-    from transformers import GlmMoeDsaForCausalLM as HFModel
+def step_bytes(cfg: ModelConfig, batch: int, context: float, elem: int) -> float:
+    """Bytes one decode step of `batch` sequences must read: every weight but the routed experts and the
+    embedding table (one row per token), the routed experts the batch hits (for top-k of E uniformly routed
+    tokens, E(1 - (1 - k/E)^batch) per layer; exact at batch 1), and each sequence's cache: the latent KV the
+    attention reads (at most index_topk positions) and the indexer keys it scans (all positions)."""
+    r = parameter_report(cfg)
+    b = r["breakdown"]
+    dense = r["total_params"] - b["routed_experts"] - b["embeddings"] - b["mtp (next-n)"]
+    E, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
+    experts = len(cfg.moe_layers) * E * (1 - (1 - k / E) ** batch) * per_expert
+    indexer_layers = sum(t == "full" for t in cfg.indexer_types)
+    kv = (cfg.num_hidden_layers * min(cfg.index_topk, context) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+          + indexer_layers * context * cfg.index_head_dim)
+    return elem * (dense + experts + batch * kv)
 
+
+def random_model(cfg: ModelConfig, dtype) -> GlmMoeDsaForCausalLM:
     torch.manual_seed(0)
-    ours = GlmMoeDsaForCausalLM(cfg).eval()
+    model = GlmMoeDsaForCausalLM(cfg).eval()
     with torch.no_grad():  # trained-like spread of weights so routing/top-k are not degenerate
-        for p in ours.parameters():
+        for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.05)
+    return model.to(dtype)
+
+
+def hf_copy(cfg: ModelConfig, ours: GlmMoeDsaForCausalLM, dtype):
+    from transformers import GlmMoeDsaConfig  # the test-time reference: only this script needs it
+    from transformers import GlmMoeDsaForCausalLM as HFModel
+
     d = cfg.to_hf_dict()
     for k in ("openglm", "model_type", "architectures"):
         d.pop(k)
-    hf = HFModel(GlmMoeDsaConfig(**d)).eval()
+    hf = HFModel(GlmMoeDsaConfig(**d)).eval().to(dtype)
     hf.load_state_dict(ours.state_dict())
-    return ours.to(dtype), hf.to(dtype)
+    return hf
 
 
-def timed(fn):
+def prefill_runner(m, ids, hf: bool):
     def run():
         t0 = time.perf_counter()
-        fn()
+        m(input_ids=ids, use_cache=False) if hf else m(ids)
         return time.perf_counter() - t0
     return run
 
 
-def prefill_ours(m, ids):
-    return timed(lambda: m(ids))
-
-
-def prefill_hf(m, ids):
-    return timed(lambda: m(input_ids=ids, use_cache=False))
-
-
-def decode_ours(m, prompt, steps):
+def decode_runner(m, prompt, steps: int, hf: bool):
     def run():  # times the decode steps only, not the prompt
-        cache = DynamicCache()
-        m(prompt, cache=cache)
+        if hf:
+            from transformers import DynamicCache as HFCache  # the reference's own cache class
+
+            cache = HFCache(config=m.config)
+            call = lambda ids: m(input_ids=ids, past_key_values=cache, use_cache=True)  # noqa: E731
+        else:
+            cache = DynamicCache()
+            call = lambda ids: m(ids, cache=cache)  # noqa: E731
+        call(prompt)
         tok = prompt[:, -1:]
         t0 = time.perf_counter()
         for _ in range(steps):
-            tok = m(tok, cache=cache).logits[:, -1:].argmax(-1)
+            tok = call(tok).logits[:, -1:].argmax(-1)
         return time.perf_counter() - t0
     return run
 
 
-def decode_hf(m, prompt, steps):
-    from transformers import DynamicCache as HFCache
-
-    def run():
-        cache = HFCache(config=m.config)
-        m(input_ids=prompt, past_key_values=cache, use_cache=True)
-        tok = prompt[:, -1:]
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            tok = m(input_ids=tok, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
-        return time.perf_counter() - t0
-    return run
-
-
-def paired(run_a, run_b, repeats):
-    """Median seconds of two runners, interleaved (a, b, a, b, ...) so both see the same machine load."""
-    run_a(), run_b()  # warm-up
-    a, b = [], []
+def medians(runners: list, repeats: int) -> list[float]:
+    """Median seconds of each runner, interleaved (a, b, a, b, ...) after one warm-up each."""
+    for run in runners:
+        run()
+    times = [[] for _ in runners]
     for _ in range(repeats):
-        a.append(run_a())
-        b.append(run_b())
-    return statistics.median(a), statistics.median(b)
+        for t, run in zip(times, runners):
+            t.append(run())
+    return [statistics.median(t) for t in times]
 
 
-def moe_vs_dense(cfg: ModelConfig, dtype, repeats):
+def moe_vs_dense(cfg: ModelConfig, shapes: Shapes, dtype, repeats: int) -> tuple[float, float]:
     torch.manual_seed(0)
     moe = MoE(cfg).to(dtype)
     with torch.no_grad():
@@ -122,78 +146,158 @@ def moe_vs_dense(cfg: ModelConfig, dtype, repeats):
             p.normal_(0, 0.05)
     active_inter = cfg.moe_intermediate_size * (cfg.num_experts_per_tok + cfg.n_shared_experts)
     dense = MLP(cfg, active_inter).to(dtype)
-    x = torch.randn(PREFILL_B, PREFILL_T, cfg.hidden_size, dtype=dtype)
-    flops = PREFILL_B * PREFILL_T * 2 * 3 * cfg.hidden_size * active_inter
+    x = torch.randn(shapes.prefill_batch, shapes.prefill_len, cfg.hidden_size, dtype=dtype)
+    flops = x.numel() // cfg.hidden_size * 2 * 3 * cfg.hidden_size * active_inter
     with torch.inference_mode():
         t_moe = median_time(lambda: moe(x), repeats)
         t_dense = median_time(lambda: dense(x), repeats)
     return flops / t_moe, flops / t_dense
 
 
+def _stdout_of(fn) -> str:
+    """What `fn` writes to file descriptor 1 (oneDNN's verbose log is printed by C code, not Python)."""
+    sys.stdout.flush()
+    with tempfile.TemporaryFile() as f:
+        saved = os.dup(1)
+        os.dup2(f.fileno(), 1)
+        try:
+            fn()
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        f.seek(0)
+        return f.read().decode(errors="replace")
+
+
+def kernels_used(fn, top: int = 4) -> str:
+    """The ops that took most of `fn`'s time (profiler self time; the native C kernels are called through
+    ctypes and show as the Python time between ops) and the oneDNN primitive implementations it ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        fn()
+        wall = time.perf_counter() - t0
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    ops = ", ".join(f"{e.key} {e.self_cpu_time_total / 1e4 / wall:.0f}%" for e in events[:top])
+    log = _stdout_of(lambda: _with_onednn_verbose(fn))
+    prims = collections.Counter(",".join(line.split(",")[5:7]) for line in log.splitlines()
+                                if line.startswith("onednn_verbose") and ",exec," in line)
+    onednn = "; ".join(f"{k} x{n}" for k, n in prims.most_common(3)) or "none (MKL / ATen kernels)"
+    return f"top ops: {ops} | oneDNN: {onednn}"
+
+
+def _with_onednn_verbose(fn) -> None:
+    with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+        fn()
+
+
+def measure(cfg: ModelConfig, shapes: Shapes, dtype, args, limits: dict) -> tuple[list, list]:
+    ours = random_model(cfg, dtype)
+    hf = hf_copy(cfg, ours, dtype) if args.transformers else None
+    name, elem = str(dtype).removeprefix("torch."), torch.finfo(dtype).bits // 8
+    torch.manual_seed(1)
+    rows, kernels = [], []
+    with torch.inference_mode():
+        if "prefill" in args.phases:
+            ids = torch.randint(3, cfg.vocab_size, (shapes.prefill_batch, shapes.prefill_len))
+            models = [ours] + ([hf] if hf is not None else [])
+            times = medians([prefill_runner(m, ids, m is hf) for m in models], args.repeats)
+            rows.append(row("prefill", name, ids.numel(), shapes.prefill_len / 2, times, cfg, limits, None))
+            kernels.append(("prefill", name, kernels_used(lambda: ours(ids))))
+        for batch in shapes.decode_batches if "decode" in args.phases else ():
+            prompt = torch.randint(3, cfg.vocab_size, (batch, shapes.decode_prompt))
+            models = [ours] + ([hf] if hf is not None else [])
+            times = medians([decode_runner(m, prompt, shapes.decode_steps, m is hf) for m in models], args.repeats)
+            ctx = shapes.decode_prompt + shapes.decode_steps / 2
+            moved = step_bytes(cfg, batch, ctx, elem) * shapes.decode_steps
+            rows.append(row(f"decode b{batch}", name, batch * shapes.decode_steps, ctx, times, cfg, limits, moved))
+            if batch == shapes.decode_batches[0]:
+                kernels.append((f"decode b{batch}", name, kernels_used(decode_runner(ours, prompt, 2, False))))
+    return rows, kernels
+
+
+def row(phase, dtype, tokens, ctx, times, cfg, limits, moved) -> dict:
+    t_ours = times[0]
+    fpt = flops_per_token(cfg, ctx)
+    r = dict(phase=phase, dtype=dtype, openglm_tok_s=tokens / t_ours,
+             openglm_mfu=fpt * tokens / t_ours / limits[f"peak_{dtype}"])
+    if len(times) > 1:
+        r.update(transformers_tok_s=tokens / times[1], speedup=times[1] / t_ours)
+    if moved is not None:
+        r.update(achieved_gb_s=moved / t_ours / 1e9, bandwidth_share=moved / t_ours / limits["bandwidth"])
+    return r
+
+
+def print_tables(cfg_name, cfg, shapes, limits, rows, kernels, moe_rows) -> None:
+    r = parameter_report(cfg)
+    print(f"CPU: {cpu_model()} ({isa()}); {torch.get_num_threads()} thread(s)")
+    print(f"native kernels: DSA {'built' if dsa_kernels() else 'off'}, decode {'built' if decode_kernels() else 'off'}")
+    print(f"limits (same run): streaming read {limits['bandwidth'] / 1e9:.1f} GB/s; matmul peak "
+          + ", ".join(f"{k.removeprefix('peak_')} {v / 1e9:.0f} GFLOP/s" for k, v in limits.items() if k != "bandwidth"))
+    print(f"{cfg_name} preset: {r['total_params'] / 1e6:,.1f}M params ({r['active_params'] / 1e6:,.1f}M active); "
+          f"prefill {shapes.prefill_batch}x{shapes.prefill_len}; decode {shapes.decode_steps} steps after a "
+          f"{shapes.decode_prompt}-token prompt\n")
+    print(f"{'phase':<11}{'dtype':<10}{'openglm tok/s':>14}{'MFU':>7}{'GB/s':>7}{'of bw':>7}"
+          f"{'transformers tok/s':>20}{'speed-up':>10}")
+    for x in rows:
+        bw = (f"{x['achieved_gb_s']:>7.1f}{100 * x['bandwidth_share']:>6.0f}%" if "achieved_gb_s" in x else " " * 14)
+        hf = f"{x['transformers_tok_s']:>20,.1f}{x['speedup']:>9.2f}x" if "speedup" in x else ""
+        print(f"{x['phase']:<11}{x['dtype']:<10}{x['openglm_tok_s']:>14,.1f}{100 * x['openglm_mfu']:>6.1f}%{bw}{hf}")
+    if moe_rows:
+        print(f"\nMoE layer ({shapes.prefill_batch * shapes.prefill_len} tokens) vs a dense SwiGLU MLP of the same "
+              f"active FLOPs")
+        print(f"{'dtype':<10}{'MoE GFLOP/s':>13}{'dense GFLOP/s':>15}{'ratio':>8}")
+        for x in moe_rows:
+            print(f"{x['dtype']:<10}{x['moe_gflops']:>13,.1f}{x['dense_gflops']:>15,.1f}{x['ratio']:>8.2f}")
+    print("\nkernels (one profiled forward each)")
+    for phase, dtype, text in kernels:
+        print(f"  {phase:<10} {dtype:<9} {text}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="fewer repeats (3 instead of 5)")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--phases", default="prefill,decode")
+    ap.add_argument("--preset", default="small", choices=sorted(SHAPES), help="model preset (default small)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables (default off)")
+    ap.add_argument("--quick", action="store_true", help="3 timed repeats per cell instead of 5 (default off)")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated (default float32,bfloat16)")
+    ap.add_argument("--phases", default="prefill,decode", help="prefill and/or decode (default prefill,decode)")
+    ap.add_argument("--transformers", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time transformers' model on the same weights (default on)")
     ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads for both models (default 1: on the shared 2-core machine a second "
-                         "thread contends with other jobs and the figures swing by several x)")
+                    help="torch threads (default 1: on the shared 2-core machine a second thread contends with "
+                         "other jobs and the figures swing by several x)")
     args = ap.parse_args()
     if args.threads < 1:
         ap.error("--threads must be >= 1")
+    args.phases = args.phases.split(",")
+    if not args.phases or set(args.phases) - {"prefill", "decode"}:
+        ap.error(f"--phases takes prefill and/or decode, got {','.join(args.phases)!r}")
+    dtypes = [getattr(torch, d, None) for d in args.dtypes.split(",")]
+    if not all(isinstance(d, torch.dtype) and d in (torch.float32, torch.bfloat16) for d in dtypes):
+        ap.error(f"--dtypes takes float32 and/or bfloat16, got {args.dtypes!r}")
     torch.set_num_threads(args.threads)
-    phases = args.phases.split(",")
-    if not phases or set(phases) - {"prefill", "decode"}:
-        ap.error(f"--phases takes prefill and/or decode, got {args.phases!r}")
-    repeats = 3 if args.quick else 5
-    cfg = ModelConfig.from_preset("small")
-    rows, moe_rows = [], []
-    torch.manual_seed(0)
-    ids = torch.randint(3, cfg.vocab_size, (PREFILL_B, PREFILL_T))
-    prompt = torch.randint(3, cfg.vocab_size, (DECODE_B, DECODE_PROMPT))
-    for name in args.dtypes.split(","):
-        dtype = getattr(torch, name)
-        peak = matmul_peak(dtype)
-        ours, hf = build(cfg, dtype)
-        cells = {}
-        with torch.inference_mode():
-            if "prefill" in phases:
-                cells["prefill"] = (PREFILL_B * PREFILL_T, PREFILL_T / 2,
-                                    *paired(prefill_ours(ours, ids), prefill_hf(hf, ids), repeats))
-            if "decode" in phases:
-                cells["decode"] = (DECODE_B * DECODE_STEPS, DECODE_PROMPT + DECODE_STEPS / 2,
-                                   *paired(decode_ours(ours, prompt, DECODE_STEPS),
-                                           decode_hf(hf, prompt, DECODE_STEPS), repeats))
-        for phase, (tokens, ctx, t_ours, t_hf) in cells.items():
-            fpt = flops_per_token(cfg, ctx)
-            rows.append(dict(phase=phase, dtype=name, openglm_tok_s=tokens / t_ours, transformers_tok_s=tokens / t_hf,
-                             speedup=t_hf / t_ours, openglm_mfu=fpt * tokens / t_ours / peak,
-                             transformers_mfu=fpt * tokens / t_hf / peak, matmul_peak_gflops=peak / 1e9))
-        if "prefill" not in phases:
-            continue
-        moe_gf, dense_gf = moe_vs_dense(cfg, dtype, repeats)
-        moe_rows.append(dict(dtype=name, moe_gflops=moe_gf / 1e9, dense_same_flops_gflops=dense_gf / 1e9,
-                             ratio=moe_gf / dense_gf, matmul_peak_gflops=peak / 1e9))
+    args.repeats = 3 if args.quick else 5
+    cfg, shapes = ModelConfig.from_preset(args.preset), SHAPES[args.preset]
+    limits = {"bandwidth": memory_bandwidth()}
+    limits.update({f"peak_{str(d).removeprefix('torch.')}": matmul_peak(d) for d in dtypes})
+    rows, kernels, moe_rows = [], [], []
+    for dtype in dtypes:
+        r, k = measure(cfg, shapes, dtype, args, limits)
+        rows += r
+        kernels += k
+        if "prefill" in args.phases:
+            moe, dense = moe_vs_dense(cfg, shapes, dtype, args.repeats)
+            moe_rows.append(dict(dtype=str(dtype).removeprefix("torch."), moe_gflops=moe / 1e9,
+                                 dense_gflops=dense / 1e9, ratio=moe / dense))
     if args.json:
-        print(json.dumps({"config": "small", "params": parameter_report(cfg)["total_params"], "threads":
-                          torch.get_num_threads(), "model": rows, "moe_layer": moe_rows}, indent=2))
-        return 0
-    print(f"small preset ({parameter_report(cfg)['total_params'] / 1e6:.1f}M params), {torch.get_num_threads()} "
-          f"threads; prefill {PREFILL_B}x{PREFILL_T}, decode batch {DECODE_B} x {DECODE_STEPS} steps after a "
-          f"{DECODE_PROMPT}-token prompt")
-    print(f"{'phase':<8}{'dtype':<10}{'openglm tok/s':>15}{'transformers tok/s':>20}{'speed-up':>10}"
-          f"{'MFU openglm':>13}{'MFU hf':>9}")
-    for r in rows:
-        print(f"{r['phase']:<8}{r['dtype']:<10}{r['openglm_tok_s']:>15,.0f}{r['transformers_tok_s']:>20,.0f}"
-              f"{r['speedup']:>9.2f}x{100 * r['openglm_mfu']:>12.1f}%{100 * r['transformers_mfu']:>8.1f}%")
-    if not moe_rows:
-        return 0
-    print(f"\nMoE layer ({PREFILL_B}x{PREFILL_T} tokens) vs a dense SwiGLU MLP of the same active FLOPs")
-    print(f"{'dtype':<10}{'MoE GFLOP/s':>13}{'dense GFLOP/s':>15}{'ratio':>8}{'matmul peak':>13}")
-    for r in moe_rows:
-        print(f"{r['dtype']:<10}{r['moe_gflops']:>13,.1f}{r['dense_same_flops_gflops']:>15,.1f}{r['ratio']:>8.2f}"
-              f"{r['matmul_peak_gflops']:>13,.0f}")
+        print(json.dumps({"cpu": cpu_model(), "isa": isa(), "preset": args.preset, "shapes": asdict(shapes),
+                          "threads": torch.get_num_threads(), "limits": limits,
+                          "params": parameter_report(cfg)["total_params"], "model": rows, "moe_layer": moe_rows,
+                          "kernels": [dict(phase=p, dtype=d, kernels=k) for p, d, k in kernels]}, indent=2))
+    else:
+        print_tables(args.preset, cfg, shapes, limits, rows, kernels, moe_rows)
     return 0
 
 

@@ -17,19 +17,7 @@ import time
 
 import torch
 
-
-def matmul_peak(dtype: torch.dtype, n: int = 1024, seconds: float = 2.0) -> float:
-    """Best achieved FLOP/s of an n x n matmul in `dtype` over a few timed bursts."""
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    for _ in range(3):
-        a @ b
-    best, end = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t0 = time.perf_counter()
-        for _ in range(5):
-            a @ b
-        best = max(best, 5 * 2 * n ** 3 / (time.perf_counter() - t0))
-    return best
+from machine import matmul_peak  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
 
 
 def active_matmul_params(model, cfg) -> int:
