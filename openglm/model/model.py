@@ -20,6 +20,7 @@ from openglm.model.errors import TokenIdError
 from openglm.model.gqa import GQAttention
 from openglm.model.masks import key_validity
 from openglm.model.moe import MLP, MoE, Experts
+from openglm.model.native import linear
 from openglm.model.norm import RMSNorm
 from openglm.model.rope import RotaryEmbedding
 from openglm.model.router import Router
@@ -50,6 +51,8 @@ class LMHead(nn.Linear):
         if (x.dtype == torch.float32 and self.weight.dtype == torch.float32 and self.bias is None
                 and rows.shape[0] <= 64 and not torch.is_grad_enabled()):
             return (self.weight @ rows.t()).t().contiguous().view(*x.shape[:-1], self.weight.shape[0])
+        if self.bias is None and x.dtype == self.weight.dtype == torch.bfloat16 and not torch.is_grad_enabled():
+            return linear(x, self.weight)  # bf16 decode rows: decode_kernels.c streams the weight (oneDNN ~3x slower)
         return super().forward(x)
 
 
