@@ -18,12 +18,17 @@ class EngineConfig:
     quantization: str | None = None  # None, "int8" or "fp8"
     dtype: str = "float32"
     seed: int = 0
+    num_speculative_tokens: int = 0  # MTP drafts verified per decode step (0: off); needs a next-n layer
+
 
     def __post_init__(self):
         for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_queue"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 0:
+            raise ValueError(f"EngineConfig.num_speculative_tokens must be an integer >= 0, got "
+                             f"{self.num_speculative_tokens!r}")
         if self.quantization not in (None, "none", "int8", "fp8"):
             raise ValueError(f"EngineConfig.quantization must be none, int8 or fp8, got {self.quantization!r}")
         if self.quantization == "none":

@@ -18,12 +18,13 @@ from openglm.engine.block_manager import BlockManager
 from openglm.engine.config import EngineConfig
 from openglm.engine.detokenizer import streamable_length, update_text
 from openglm.engine.grammar import GrammarEngine
-from openglm.engine.model_runner import ModelRunner
+from openglm.engine.model_runner import MTPInputs, ModelRunner
 from openglm.engine.outputs import CompletionOutput, RequestOutput
 from openglm.engine.sampler import Sampler
 from openglm.engine.sampling_params import SamplingParams
 from openglm.engine.scheduler import Scheduler
 from openglm.engine.sequence import Sequence
+from openglm.engine.speculative import accept_greedy, accept_sampled, drafts_allowed
 from openglm.tokenizer import Tokenizer
 from openglm.model.checkpoint import resolve_checkpoint  # a checkpoint, or a run folder's latest one
 
@@ -44,6 +45,8 @@ class EngineStats:
     prompt_tokens: int
     generation_tokens: int
     computed_tokens: int
+    draft_tokens: int = 0  # MTP drafts verified (speculative decoding; cumulative)
+    accepted_draft_tokens: int = 0  # of those, accepted
 
 
 class LLMEngine:
@@ -59,12 +62,16 @@ class LLMEngine:
         self.runner = ModelRunner(model, config.num_kv_blocks, config.block_size,
                                   getattr(tokenizer, "pad_id", 0) if tokenizer is not None else 0)
         self.sampler = Sampler(config.seed)
+        if config.num_speculative_tokens and not len(getattr(getattr(model, "model", None), "mtp_layers", ())):
+            raise ValueError("num_speculative_tokens > 0 needs a checkpoint with a next-n (MTP) layer "
+                             "(config num_nextn_predict_layers >= 1); this one has none")
         self.eos_ids = set(getattr(tokenizer, "eos_ids", []) or [])
         self._grammar: GrammarEngine | None = None
         self.requests: dict[str, list[Sequence]] = {}
         self.sent: dict[int, tuple[int, int]] = {}  # seq_id -> (chars, tokens) already reported
         self._ids = itertools.count()
-        self.counters = {"steps": 0, "prompt_tokens": 0, "generation_tokens": 0, "computed_tokens": 0}
+        self.counters = {"steps": 0, "prompt_tokens": 0, "generation_tokens": 0, "computed_tokens": 0,
+                         "draft_tokens": 0, "accepted_draft_tokens": 0}
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> "LLMEngine":
@@ -174,6 +181,8 @@ class LLMEngine:
     def _run(self, seqs: list[Sequence], num_tokens: list[int]) -> tuple[list[Sequence], dict[str, str]]:
         """One model call and sampling for `seqs`; state changes only once both succeeded. Returns the
         sequences that got a token and {request id: why} for those whose token could not be applied."""
+        if self.config.num_speculative_tokens:
+            return self._run_speculative(seqs, num_tokens)
         logits = self.runner.run(seqs, num_tokens)
         rows = [row for row, (seq, n) in enumerate(zip(seqs, num_tokens))
                 if seq.num_computed_tokens + n == seq.num_tokens]  # all inputs computed: gets a new token
@@ -192,6 +201,109 @@ class LLMEngine:
             except Exception as exc:  # noqa: BLE001 - e.g. detokenizing: this request fails, alone
                 failed[seq.request_id] = f"{type(exc).__name__}: {exc}"
         return ready, failed
+
+    # ---- speculative decoding (engine/speculative.py) -------------------------------------------------
+    def _run_speculative(self, seqs: list[Sequence], num_tokens: list[int]) -> tuple[list[Sequence], dict[str, str]]:
+        """`_run` with MTP drafts: each decoding row's drafts are verified in the same forward, the accepted
+        ones plus one more token are appended (each through the ordinary stop checks), then the MTP layer
+        proposes the next drafts. Rows without drafts are sampled exactly as `_run` samples them."""
+        logits, hidden = self.runner.run_verify(seqs, num_tokens)
+        rows = [row for row, (seq, n) in enumerate(zip(seqs, num_tokens)) if seq.num_computed_tokens + n >= seq.num_tokens]
+        plain = [row for row in rows if not seqs[row].draft_token_ids]
+        new: dict[int, tuple[list[int], list]] = {}
+        if plain:
+            last = torch.stack([logits[row][-1] for row in plain])
+            ready = [seqs[row] for row in plain]
+            if any(s.matcher is not None for s in ready):
+                self.grammar.apply_masks(last, ready)
+            tokens, logprobs = self.sampler(last, ready)
+            new.update({row: ([t], [lp]) for row, t, lp in zip(plain, tokens, logprobs)})
+        for row in rows:
+            if row not in new:
+                tokens = self._verify(seqs[row], logits[row])
+                new[row] = (tokens, [None] * len(tokens))
+                self.counters["draft_tokens"] += len(seqs[row].draft_token_ids)
+                self.counters["accepted_draft_tokens"] += len(tokens) - 1
+        kept = []
+        for row, (seq, n) in enumerate(zip(seqs, num_tokens)):
+            keep = len(new[row][0]) if row in new and seq.draft_token_ids else n  # rejected drafts' KV is overwritten later
+            seq.num_computed_tokens += keep
+            seq.set_drafts([])
+            self.block_manager.commit(seq)
+            kept.append(keep)
+        failed = {}
+        for row in rows:
+            seq = seqs[row]
+            for token, lp in zip(*new[row]):
+                if seq.is_finished:
+                    break
+                try:
+                    self._append(seq, token, lp)
+                except Exception as exc:  # noqa: BLE001 - e.g. detokenizing: this request fails, alone
+                    failed[seq.request_id] = f"{type(exc).__name__}: {exc}"
+                    break
+        try:
+            self._propose(seqs, kept, hidden)
+        except Exception:  # noqa: BLE001 - drafts only speed decoding up: without them the next step decodes one token
+            for seq in seqs:
+                seq.set_drafts([])
+        return [seqs[row] for row in rows], failed
+
+    def _verify(self, seq: Sequence, logits: torch.Tensor) -> list[int]:
+        if seq.params.greedy:
+            return accept_greedy(seq.draft_token_ids, logits)
+        target = self.sampler.probs(logits, [seq] * len(logits))
+        return accept_sampled(seq.draft_token_ids, seq.draft_probs, target, self.sampler.generator_for(seq))
+
+    def _may_draft(self, seq: Sequence) -> bool:
+        """Drafts are verified without the sampler's per-token state, so rows that need it decode plainly."""
+        p = seq.params
+        return (not seq.is_finished and seq.matcher is None and p.logprobs is None and p.repetition_penalty == 1.0
+                and not p.presence_penalty and not p.frequency_penalty)
+
+    def _propose(self, seqs: list[Sequence], kept: list[int], hidden: list[torch.Tensor]) -> None:
+        """Run the MTP layer over every position the main model just kept (its KV stays in step with the
+        main model's), then chain it on its own output for up to k drafts per decoding sequence."""
+        todo = [(seq, keep, h) for seq, keep, h in zip(seqs, kept, hidden) if self._may_draft(seq)]
+        if not todo:
+            return
+        rows = [MTPInputs(list(seq.block_table), seq.num_computed_tokens - keep,
+                          seq.token_ids[seq.num_computed_tokens - keep + 1 : seq.num_computed_tokens + 1], h[:keep])
+                for seq, keep, h in todo]
+        logits, x = self.runner.run_mtp(rows)
+        k = self.config.num_speculative_tokens
+        active = []
+        for i, (seq, _, _) in enumerate(todo):
+            n = drafts_allowed(k, seq.num_tokens, seq.num_output_tokens, seq.params.max_tokens, self.max_model_len)
+            if seq.num_uncomputed_tokens != 1 or n == 0:
+                continue  # mid-prefill: this call only filled the MTP layer's KV
+            if n > 1 and self.block_manager.can_append(seq, n):
+                self.block_manager.append(seq, n)  # chained drafts write MTP KV past the last token
+            else:
+                n = 1
+            active.append((i, seq, n))
+        drafts: dict[int, list] = {i: [] for i, _, _ in active}
+        probs: dict[int, list] = {i: [] for i, _, _ in active}
+        row_of = {i: i for i, _, _ in active}  # row of `logits` / `x` holding sequence i's last MTP output
+        for depth in range(k):
+            live = [(i, seq) for i, seq, n in active if depth < n]
+            if not live:
+                break
+            if depth:  # chain: the layer's own output at the previous position, the draft it just made
+                logits, x = self.runner.run_mtp([MTPInputs(list(seq.block_table), seq.num_computed_tokens + depth - 1,
+                                                           [drafts[i][-1]], x[row_of[i] : row_of[i] + 1])
+                                                 for i, seq in live])
+                row_of = {i: j for j, (i, _) in enumerate(live)}
+            for i, seq in live:
+                row = logits[row_of[i]]
+                if seq.params.greedy:
+                    drafts[i].append(int(row.argmax()))
+                    continue
+                q = self.sampler.probs(row[None], [seq])[0]
+                drafts[i].append(int(torch.multinomial(q, 1, generator=self.sampler.generator_for(seq))))
+                probs[i].append(q)
+        for i, seq, _ in active:
+            seq.set_drafts(drafts[i], torch.stack(probs[i]) if probs[i] else None)
 
     def _run_one_by_one(self, seqs: list[Sequence], num_tokens: list[int]) -> tuple[list[Sequence], dict[str, str]]:
         ready, failed = [], {}

@@ -58,6 +58,54 @@ class ModelRunner:
 
     def execute(self, step: "StepInputs") -> torch.Tensor:
         """One model call over the paged pool: the logits after each row's last new token, [B, vocab] fp32."""
+        logits = self._call(step, lambda ids, mask, pos, cache: self.model(
+            ids, attention_mask=mask, position_ids=pos, cache=cache).logits)
+        last = torch.tensor(step.new_lens) - 1
+        return logits[torch.arange(len(step.new_lens)), last].float()
+
+    # ---- speculative decoding (engine/speculative.py): the main model's verify step and the MTP drafts ----
+    @torch.inference_mode()
+    def run_verify(self, seqs: list[Sequence], num_tokens: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Like `run`, each row's chunk followed by its draft tokens. Per row: the logits (fp32) after each of
+        its last `1 + drafts` new tokens, [1 + drafts, vocab], and every new position's final-norm hidden
+        state, [num_tokens, hidden] (the MTP layer's input)."""
+        logits: list = [None] * len(seqs)
+        hidden: list = [None] * len(seqs)
+        for group in group_rows(num_tokens):
+            steps = StepInputs([(seqs[i].token_ids + seqs[i].draft_token_ids)[seqs[i].num_computed_tokens:][:num_tokens[i]]
+                                for i in group], [seqs[i].num_computed_tokens for i in group],
+                               [num_tokens[i] for i in group], [list(seqs[i].block_table) for i in group])
+            h = self._call(steps, lambda ids, mask, pos, cache: self.model(
+                ids, attention_mask=mask, position_ids=pos, cache=cache, logits_to_keep=1, return_hidden=True).hidden)
+            for row, i in enumerate(group):
+                t = num_tokens[i]
+                keep = 1 + max(0, seqs[i].num_computed_tokens + t - seqs[i].num_tokens)  # drafts inside the chunk
+                hidden[i] = h[row, :t]
+                logits[i] = self.model.lm_head(h[row, t - keep : t]).float()
+        return logits, hidden
+
+    @torch.inference_mode()
+    def run_mtp(self, rows: list["MTPInputs"]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One call of next-n layer 0 per row over its own KV (kept at the main model's positions): the logits
+        after each row's last position, [B, vocab] fp32, and its output hidden state there, [B, hidden]."""
+        hidden: list = [None] * len(rows)
+        for group in group_rows([len(r.next_ids) for r in rows]):
+            sub = [rows[i] for i in group]
+            T, H = max(len(r.next_ids) for r in sub), sub[0].hidden.shape[-1]
+            h = sub[0].hidden.new_zeros((len(sub), T, H))
+            for row, r in enumerate(sub):
+                h[row, : len(r.next_ids)] = r.hidden
+            steps = StepInputs([r.next_ids for r in sub], [r.past for r in sub], [len(r.next_ids) for r in sub],
+                               [r.block_table for r in sub])
+            x = self._call(steps, lambda ids, mask, pos, cache: self.model.mtp_forward(
+                h, ids, pos, mask, cache, return_logits=False)[1])
+            for row, i in enumerate(group):
+                hidden[i] = x[row, len(rows[i].next_ids) - 1]
+        hidden = torch.stack(hidden)
+        return self.model.mtp_logits(hidden).float(), hidden
+
+    def _call(self, step: "StepInputs", fn):
+        """`fn(input_ids, mask, positions, cache)` over the step's rows laid out as `execute` lays them out."""
         past_lens, new_lens = step.past_lens, step.new_lens
         P, T, B = max(past_lens), max(new_lens), len(new_lens)
         input_ids = torch.full((B, T), self.pad_token_id, dtype=torch.long)
@@ -66,12 +114,9 @@ class ModelRunner:
         for row, (chunk, p, t) in enumerate(zip(step.token_ids, past_lens, new_lens)):
             input_ids[row, :t] = torch.tensor(chunk)
             positions[row, :t] = torch.arange(p, p + t)
-            positions[row, t:] = p + t - 1  # padding rows: any valid position, their outputs are unused
+            positions[row, t:] = p + t - 1
             mask[row, P - p : P + t] = 1
-        cache = PagedBatchCache(self.pool, step.block_tables, past_lens, new_lens)
-        logits = self.model(input_ids, attention_mask=mask, position_ids=positions, cache=cache).logits
-        last = torch.tensor(new_lens) - 1
-        return logits[torch.arange(B), last].float()
+        return fn(input_ids, mask, positions, PagedBatchCache(self.pool, step.block_tables, past_lens, new_lens))
 
 
 @dataclass
@@ -81,3 +126,12 @@ class StepInputs:
     past_lens: list[int]
     new_lens: list[int]
     block_tables: list[list[int]]
+
+
+@dataclass
+class MTPInputs:
+    """One row of an MTP call: positions past .. past + n - 1 with the token after each and the hidden state."""
+    block_table: list[int]
+    past: int
+    next_ids: list[int]
+    hidden: torch.Tensor  # [n, hidden]

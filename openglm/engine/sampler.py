@@ -69,6 +69,16 @@ class Sampler:
                 tokens[i] = int(torch.multinomial(probs[j], 1, generator=gen))
         return tokens, self._logprobs(raw, tokens, seqs)
 
+    def generator_for(self, seq: Sequence) -> torch.Generator:
+        """The sequence's own generator (params.seed) or the engine's."""
+        return _generator(seq) or self.generator
+
+    @staticmethod
+    def probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """The distribution a sampled (non-greedy, no penalties) row draws from: temperature, then filters."""
+        temps = torch.tensor([s.params.temperature for s in seqs], dtype=logits.dtype).unsqueeze(1)
+        return filter_logits(logits.float() / temps, seqs).softmax(-1)
+
     @staticmethod
     def _logprobs(raw: torch.Tensor, tokens: list[int], seqs: list[Sequence]) -> list[dict | None]:
         out: list[dict | None] = [None] * len(seqs)

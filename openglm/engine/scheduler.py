@@ -1,8 +1,8 @@
 """Continuous batching: which sequences run in the next step, and how many tokens each computes.
 
 Every step has a token budget (`max_num_batched_tokens`) and a sequence limit (`max_num_seqs`).
-Running sequences go first (one token each when decoding, a chunk when their prompt is still being
-prefilled); waiting requests join with whatever budget is left, their long prompts cut into chunks
+Running sequences go first (one token each when decoding, plus its draft tokens under speculative
+decoding, or a chunk when their prompt is still being prefilled); waiting requests join with whatever budget is left, their long prompts cut into chunks
 (chunked prefill). When the KV pool runs dry, the most recently admitted sequence is preempted: its
 blocks are freed and it is recomputed later, instead of any request failing.
 """
@@ -59,7 +59,10 @@ class Scheduler:
         queue = list(self.running)
         while queue and budget > 0:
             seq = queue.pop(0)
-            n = min(seq.num_uncomputed_tokens, budget)
+            drafts = seq.draft_token_ids if seq.num_uncomputed_tokens == 1 else []
+            n = min(seq.num_uncomputed_tokens + len(drafts), budget)
+            if drafts:  # speculative decoding: verify the drafts that fit the budget in this step
+                seq.set_drafts(drafts[: n - 1], seq.draft_probs)
             while not self.block_manager.can_append(seq, n):
                 victim = queue.pop() if queue else seq  # newest first; ourselves last
                 self._preempt(victim)

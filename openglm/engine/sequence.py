@@ -41,6 +41,10 @@ class Sequence:
         self.first_token_time: float | None = None
         self.generator = None  # torch.Generator when params.seed is set (made by the sampler)
         self.matcher = None  # llguidance matcher when params.grammar is set (made by the engine)
+        # speculative decoding: tokens the MTP layer proposed after token_ids, verified in the next step,
+        # and (sampling) the distributions they were drawn from, [len(drafts), vocab]
+        self.draft_token_ids: list[int] = []
+        self.draft_probs = None
 
     @property
     def num_tokens(self) -> int:
@@ -76,6 +80,11 @@ class Sequence:
         self.num_computed_tokens = 0
         self.status = SequenceStatus.WAITING
         self.num_preemptions += 1
+        self.set_drafts([], None)
+
+    def set_drafts(self, token_ids: list[int], probs=None) -> None:
+        self.draft_token_ids = list(token_ids)
+        self.draft_probs = probs[: len(token_ids)] if probs is not None and token_ids else None
 
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, tokens={self.num_tokens}, computed={self.num_computed_tokens}, "

@@ -78,7 +78,7 @@ class ModelConfig:
     indexer_types: list[str] | None = None  # "full" | "shared" per layer
     head_dim: int | None = None  # glm4_moe: per-head width (None: hidden_size // num_attention_heads)
     use_qk_norm: bool = False  # glm4_moe: RMSNorm on each query/key head before RoPE
-    num_nextn_predict_layers: int = 0  # MTP layers stored after the decoder layers (loaded and saved, not run)
+    num_nextn_predict_layers: int = 0  # MTP layers stored after the decoder layers (trained with the MTP loss, drafts for speculative decoding)
     # ---- openglm options ----
     attention_kinds: list[str] | None = None  # per layer, see ATTENTION_KINDS; default all "dsa"
     sliding_window: int = 4096

@@ -1,6 +1,6 @@
 """The GLM decoder (`GlmMoeDsaForCausalLM`, for every model type of ModelConfig): embeddings, attention
 (MLA/DSA for glm_moe_dsa, MLA for glm4_moe_lite, GQA for glm4_moe) + MoE layers, LM head, and the
-checkpoint's next-n (MTP) layers, which are held and saved but not run by `forward`.
+checkpoint's next-n (MTP) layers, run by `mtp_forward` (the trainer's MTP loss, the engine's speculative drafts).
 
 Parameter names equal transformers' on-disk names except the routed experts, which are stored
 stacked, and the next-n layers, held as `model.mtp_layers.i` (on disk `model.layers.{num_hidden_layers + i}`;
@@ -38,6 +38,8 @@ class MoEStats:
 class CausalLMOutput:
     logits: torch.Tensor  # [B, T, vocab]
     aux: MoEStats | None = None
+    hidden: torch.Tensor | None = None  # [B, T, hidden] after the final norm (return_hidden=True): the MTP input
+    mtp_logits: torch.Tensor | None = None  # [B, T-1, vocab]: next-n layer 0's prediction of token t+2 (return_mtp)
 
 
 class LMHead(nn.Linear):
@@ -90,8 +92,11 @@ class SharedHead(nn.Module):
 class NextNLayer(DecoderLayer):
     """One multi-token-prediction layer as GLM (DeepSeek-V3 style) checkpoints store it: a decoder layer
     (full indexer, MoE MLP) plus enorm/hnorm over the next token's embedding and the last hidden state,
-    eh_proj mixing the two, and shared_head.norm before the (shared) LM head. Loaded, checked and saved;
-    running it for speculative decoding is the engine's business."""
+    eh_proj mixing the two, and shared_head.norm before the (shared) LM head.
+
+    Run as vLLM / SGLang run DeepSeek-V3 and GLM MTP weights: row j sees the main model's hidden state of
+    position j *after* its final norm and the embedding of token j+1 (zeroed at position 0), concatenated
+    as [enorm(embedding), hnorm(hidden)], at position j; its logits predict token j+2."""
 
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__(cfg.mtp_config(), cfg.num_hidden_layers + index)
@@ -100,6 +105,10 @@ class NextNLayer(DecoderLayer):
         self.hnorm = RMSNorm(H, cfg.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * H, H, bias=False)
         self.shared_head = SharedHead(cfg)
+
+    def mix(self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        embeds = embeds.masked_fill((position_ids == 0).unsqueeze(-1), 0.0)
+        return self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden.to(embeds.dtype))], dim=-1))
 
 
 class GlmMoeDsaModel(nn.Module):
@@ -154,9 +163,12 @@ class GlmMoeDsaForCausalLM(nn.Module):
         return self.lm_head.weight.device
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, return_aux=False,
-                logits_to_keep: int = 0):
+                logits_to_keep: int = 0, return_hidden: bool = False, return_mtp: bool = False):
         """logits_to_keep: compute the logits of only the last n positions (0 = all; as in transformers): a
-        long prefill then skips the [T, vocab] matrix (2 GiB for 64K tokens of the small preset)."""
+        long prefill then skips the [T, vocab] matrix (2 GiB for 64K tokens of the small preset).
+        return_hidden: also return every position's final-norm hidden state (what the MTP layer reads).
+        return_mtp (training, no cache): also run next-n layer 0 over the sequence (inside forward, so FSDP's
+        hooks cover it); its MoE aux loss joins `aux.aux_loss`."""
         self._check_ids(input_ids)
         B, T = input_ids.shape
         past = cache.get_seq_length() if cache is not None else 0
@@ -178,8 +190,47 @@ class GlmMoeDsaForCausalLM(nn.Module):
                 selection = sel
             if stats is not None:
                 layer_stats.append(stats)
+        aux = self._collect(layer_stats, h) if return_aux else None
+        if return_mtp:
+            if cache is not None or not self.model.mtp_layers:
+                raise ValueError("return_mtp needs a model with next-n layers and no cache")
+            normed = self.model.norm(h)
+            mask = attention_mask[:, 1:] if attention_mask is not None else None
+            mtp_logits, _, mtp_aux = self.mtp_forward(normed[:, :-1], input_ids[:, 1:], position_ids[:, :-1],
+                                                      mask, None, 0, return_aux)
+            if aux is not None:
+                aux.aux_loss = aux.aux_loss + mtp_aux.aux_loss
+            out = CausalLMOutput(self.lm_head(normed[:, -logits_to_keep:] if logits_to_keep else normed), aux,
+                                 normed if return_hidden else None, mtp_logits)
+            return out
+        if return_hidden:
+            h = self.model.norm(h)
+            return CausalLMOutput(self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h), aux, h)
         logits = self.lm_head(self.model.norm(h[:, -logits_to_keep:] if logits_to_keep else h))
-        return CausalLMOutput(logits, self._collect(layer_stats, h) if return_aux else None)
+        return CausalLMOutput(logits, aux)
+
+    def mtp_forward(self, hidden, next_ids, position_ids, attention_mask=None, cache=None, depth: int = 0,
+                    return_aux: bool = False, return_logits: bool = True):
+        """One next-n layer: `hidden` [B, T, H] is the main model's final-norm hidden state at `position_ids`
+        (or, chaining drafts, this layer's own previous output), `next_ids` [B, T] the token after each
+        position. Returns (logits [B, T, vocab] predicting the token after next (None unless return_logits),
+        the layer's output hidden state for the next chained call, the MoE stats when return_aux). `cache` holds this layer's own KV
+        (layer index num_hidden_layers + depth), in step with the main model's positions."""
+        self._check_ids(next_ids)
+        layer = self.model.mtp_layers[depth]
+        B, T = next_ids.shape
+        past = cache.get_seq_length() if cache is not None else 0
+        key_valid = key_validity(attention_mask)
+        token_mask = attention_mask[:, past:].reshape(-1).bool() if attention_mask is not None else None
+        x = layer.mix(self.model.embed_tokens(next_ids), hidden, position_ids)
+        rot = self.model.rotary_emb(position_ids)
+        x, _, stats = layer(x, rot, key_valid, past, cache, None, token_mask, return_aux)
+        logits = self.mtp_logits(x, depth) if return_logits else None
+        return logits, x, (self._collect([stats] if stats is not None else [], x) if return_aux else None)
+
+    def mtp_logits(self, mtp_hidden: torch.Tensor, depth: int = 0) -> torch.Tensor:
+        """The shared LM head over a next-n layer's output (after that layer's shared_head.norm)."""
+        return self.lm_head(self.model.mtp_layers[depth].shared_head.norm(mtp_hidden))
 
     def _check_ids(self, input_ids: torch.Tensor) -> None:
         if input_ids.dim() != 2:

@@ -31,7 +31,7 @@ PRESETS: dict[str, dict] = {
         first_k_dense_replace=1, routed_scaling_factor=1.0,
         index_topk=128, index_head_dim=32, index_n_heads=4,
         indexer_types=["full", "full", "shared", "full", "shared", "full"],
-        max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        max_position_embeddings=4096, num_nextn_predict_layers=1, bos_token_id=1, eos_token_id=2, pad_token_id=0,
     ),
     "medium": dict(
         vocab_size=32768, hidden_size=1024, intermediate_size=4096, moe_intermediate_size=512,

@@ -97,6 +97,9 @@ def register(subparsers):
                    help="weight-only quantisation (dequantised for compute)"+D)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="weight and compute dtype"+D)
+    p.add_argument("--num-speculative-tokens", type=int, default=0, metavar="K",
+                   help="self-speculative decoding: draft tokens the checkpoint's MTP (next-n) layer proposes per "
+                        "decode step, verified in one forward (0: off; greedy output is unchanged)"+D)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     p.add_argument("--log-level", default="info", help="uvicorn log level: debug, info, warning, error"+D)
     p.set_defaults(func=serve)
@@ -138,7 +141,8 @@ def serve(args) -> int:
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching, session_ttl=args.session_ttl,
-        max_queue=args.max_queue, quantization=args.quantization, dtype=args.dtype)
+        max_queue=args.max_queue, quantization=args.quantization, dtype=args.dtype,
+        num_speculative_tokens=args.num_speculative_tokens)
     try:
         engine = LLMEngine.from_pretrained(args.checkpoint, config)
     except (OSError, ValueError, ModelError) as exc:  # ModelError: every checkpoint/config problem the loader names

@@ -14,7 +14,7 @@ tensor/expert parallelism) or handed to vLLM / SGLang by `openglm deploy`.
     quantization: fp8                     # none | fp8 | int8 (weight-only)
     dtype: bfloat16
     session_cache: {enabled: true, ttl_s: 600}   # prefix cache across turns, idle blocks kept ttl_s seconds
-    speculative: {method: mtp, num_speculative_tokens: 1}   # GLM's MTP layer (hand-off engines only)
+    speculative: {method: mtp, num_speculative_tokens: 1}   # GLM's MTP layer (vLLM/SGLang; openglm's engine in one process)
     tool_call_parser: glm45
     reasoning_parser: glm45
 

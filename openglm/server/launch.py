@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from datetime import timedelta
@@ -30,14 +31,16 @@ def engine_config(cfg: DeployConfig) -> EngineConfig:
     return EngineConfig(block_size=cfg.block_size, num_kv_blocks=cfg.num_kv_blocks, max_num_seqs=cfg.max_num_seqs,
                         max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
                         enable_prefix_caching=cfg.session_cache.enabled, session_ttl=cfg.session_cache.ttl_s,
-                        quantization=cfg.quantization, dtype=cfg.dtype)
+                        quantization=cfg.quantization, dtype=cfg.dtype,
+                        num_speculative_tokens=cfg.speculative.num_speculative_tokens if cfg.speculative else 0)
 
 
-def unused_fields(cfg: DeployConfig) -> list[str]:
+def unused_fields(cfg: DeployConfig, speculating: bool = True) -> list[str]:
     """Fields the hand-off engines use and openglm's own engine does not (said once at start)."""
     notes = []
-    if cfg.speculative is not None:
-        notes.append("speculative (MTP) decoding is for vLLM/SGLang (`openglm deploy`); openglm decodes one token a step")
+    if cfg.speculative is not None and not speculating:
+        notes.append("speculative (MTP) decoding runs in a single-process openglm engine on a checkpoint with a "
+                     "next-n layer; this one decodes one token a step (tensor-parallel ranks, or no MTP layer)")
     if cfg.tool_call_parser or cfg.reasoning_parser:
         notes.append("tool_call_parser / reasoning_parser name the vLLM/SGLang parsers; openglm serve renders "
                      "GLM tool calls and reasoning with its own chat template")
@@ -55,6 +58,8 @@ def build_parallel_engine(cfg: DeployConfig):
         dist.init_process_group("gloo", timeout=IDLE_TIMEOUT)
     config = engine_config(cfg)
     model = shard_for_serving(load_model(str(path), dtype=getattr(torch, config.dtype)), cfg.layout)
+    if world > 1 or not len(model.model.mtp_layers):  # ranks > 0 follow `execute` calls only: no MTP calls
+        config = dataclasses.replace(config, num_speculative_tokens=0)
     if config.quantization:
         quantize_model(model, config.quantization)
     tokenizer = Tokenizer.from_checkpoint(path)
@@ -73,7 +78,7 @@ def serve_deploy(cfg: DeployConfig, api_key: str | None, limits: ServerLimits, p
     if isinstance(built, ModelRunner):  # a follower rank
         follow_steps(built)
         return 0
-    for note in unused_fields(cfg):
+    for note in unused_fields(cfg, built.config.num_speculative_tokens > 0):
         print(f"openglm serve: note: {note}", file=sys.stderr)
     app = create_app(built, cfg.name, api_key=api_key, public_metrics=public_metrics, limits=limits)
     ranks = dist.get_world_size() if dist.is_initialized() else 1

@@ -13,6 +13,7 @@ _TRAIN_FLAGS = {
     "grad_clip": float, "dtype": str, "activation_checkpointing": int, "device": str, "seed": int, "log_every": int,
     "eval_every": int, "eval_windows": int, "save_every": int, "keep_checkpoints": int, "time_budget": float,
     "collapse_share": float, "collapse_patience": int, "router_bias_rate": float, "threads": int,
+    "mtp_loss_weight": float,
 }
 _FIELD = {"out": "out_dir", "steps": "max_steps", "time_budget": "time_budget_s"}
 # flag -> what it sets (the default, from TrainConfig, is appended)
@@ -36,6 +37,7 @@ _TRAIN_HELP = {
     "collapse_patience": "... for this many log intervals in a row",
     "router_bias_rate": "aux-loss-free balancing: per-step nudge of the routers' score bias",
     "threads": "torch CPU threads (none: all cores)",
+    "mtp_loss_weight": "weight of the next-n (MTP) layer's cross-entropy on token t+2, when the preset has one (0: off)",
 }
 
 

@@ -33,6 +33,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # global-norm clipping; 0 = off
     dtype: str = "bf16"  # autocast compute dtype: "bf16" or "fp32" (weights and optimizer stay fp32)
     activation_checkpointing: int = 0  # recompute activations, keeping one of every k layers; 0 = off
+    mtp_loss_weight: float = 0.3  # weight of the next-n (MTP) layer's loss on token t+2 (DeepSeek-V3's 0.3); 0 = off
     router_bias_rate: float = 1e-3  # aux-loss-free balancing: per-step nudge of the routers' score bias
     offload_optimizer: bool = False  # keep AdamW state on the CPU when training on an accelerator
     device: str = "cpu"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -56,8 +58,10 @@ class StepTracker:
         self.micro += 1
         return counts
 
-    def add_step(self, lm_loss: float, aux_loss: float, grad_norm: float, router_norm: float, lr: float) -> None:
-        self.rows.append((lm_loss, aux_loss, grad_norm, router_norm, lr))
+    def add_step(self, lm_loss: float, aux_loss: float, grad_norm: float, router_norm: float, lr: float,
+                 mtp_loss: float | None = None) -> None:
+        """mtp_loss: the next-n layer's (unweighted) cross-entropy on token t+2, when the model trains one."""
+        self.rows.append((lm_loss, aux_loss, grad_norm, router_norm, lr, math.nan if mtp_loss is None else mtp_loss))
 
     def add_time(self, seconds: float) -> None:
         self.seconds += seconds
@@ -78,6 +82,8 @@ class StepTracker:
                   "lm_loss": float(rows[:, 0].mean()), "aux_loss": float(rows[:, 1].mean()),
                   "grad_norm": float(rows[:, 2].mean()), "router_grad_norm": float(rows[:, 3].mean()),
                   "lr": float(rows[-1, 4]), "tokens_per_s": tokens / self.seconds if self.seconds else 0.0}
+        if not np.isnan(rows[:, 5]).all():
+            record["mtp_loss"] = float(np.nanmean(rows[:, 5]))
         warnings = []
         if self.counts is not None:
             counts = dist.all_reduce_sum(self.counts, self.info).numpy()

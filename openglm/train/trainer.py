@@ -106,6 +106,7 @@ class Trainer:
         self.device = torch.device(self.cfg.device if self.cfg.device != "cuda" else f"cuda:{self.info.local_rank}")
         self.model = GlmMoeDsaForCausalLM(self.model_config).to(self.device)
         self.model.train()
+        self._trains_mtp = self.model_config.num_nextn_predict_layers > 0 and self.cfg.mtp_loss_weight > 0
         if self.cfg.activation_checkpointing:
             enable_activation_checkpointing(self.model, self.cfg.activation_checkpointing)
         self.par = None
@@ -195,13 +196,13 @@ class Trainer:
             group["lr"] = self._lr
         per_rank = cfg.batch_size * cfg.grad_accum
         batch = torch.from_numpy(self.batcher.next_batch(per_rank * info.world, info.rank, info.world))
-        sums = torch.zeros(3, dtype=torch.float64)  # lm loss, aux loss, micro-steps
+        sums = torch.zeros(4, dtype=torch.float64)  # lm loss, aux loss (MTP's weighted share included), micro-steps, MTP loss
         counts = None  # this step's tokens per expert, [n_moe_layers, n_experts]
         for micro in batch.split(cfg.batch_size):
             micro = micro.to(self.device)
             lm, aux, stats = self._forward(micro[:, :-1], micro[:, 1:])
             ((lm + aux) / cfg.grad_accum).backward()
-            sums += torch.tensor([lm.item(), float(aux.detach()), 1.0], dtype=torch.float64)
+            sums += torch.tensor([lm.item(), float(aux.detach()), 1.0, float(self._mtp_loss.detach())], dtype=torch.float64)
             c = self.tracker.add_routing(stats)
             if c is not None:
                 counts = c if counts is None else counts + c
@@ -225,7 +226,8 @@ class Trainer:
         if counts is not None and cfg.router_bias_rate > 0:
             self._nudge_router_bias(dist.all_reduce_sum(counts, info))
         self.step += 1
-        self.tracker.add_step(lm_loss, aux_loss, grad_norm, router_norm, self._lr)
+        self.tracker.add_step(lm_loss, aux_loss, grad_norm, router_norm, self._lr,
+                              (sums[3] / sums[2]).item() if self._trains_mtp else None)
         return lm_loss + aux_loss
 
     @torch.no_grad()
@@ -240,11 +242,17 @@ class Trainer:
 
     def _forward(self, inputs: torch.Tensor, targets: torch.Tensor):
         bf16 = self.cfg.dtype == "bf16"
+        mtp = self._trains_mtp and inputs.shape[1] > 1
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
-            out = self.model(inputs, return_aux=True)
+            out = self.model(inputs, return_aux=True, return_mtp=mtp)
         logits = out.logits.float()
         lm = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
         aux = out.aux.aux_loss.float() if out.aux is not None else torch.zeros((), device=lm.device)
+        self._mtp_loss = lm.new_zeros(())
+        if mtp:  # DeepSeek-V3's MTP loss: the next-n layer at position t predicts token t+2
+            m = out.mtp_logits.float()
+            self._mtp_loss = F.cross_entropy(m.reshape(-1, m.size(-1)), targets[:, 1:].reshape(-1))
+            aux = aux + self.cfg.mtp_loss_weight * self._mtp_loss
         return lm, aux, out.aux
 
     def _diverged(self, lm_loss: float, aux_loss: float) -> None:

@@ -146,3 +146,17 @@ def test_run_folder_tokenizer_is_reused_but_not_silently_resized(tiny_cfg, tmp_p
     assert again.hf.to_str() == tok.hf.to_str()
     with pytest.raises(TrainSetupError, match="another output folder"):
         prepare_tokens(cfg.replace(vocab_size=320), tmp_path / "t", DistInfo(), log=lambda m: None)
+
+
+def test_mtp_loss_trains_and_is_logged(tiny_cfg):
+    """A config with a next-n layer trains it: the logged MTP loss (token t+2) falls, and the MTP layer's
+    weights move while a run without the MTP loss leaves them at their init."""
+    res = train(tiny_cfg(max_steps=24, eval_every=100, model_overrides={"num_nextn_predict_layers": 1}))
+    records = [json.loads(line) for line in (res.out_dir / "metrics.jsonl").read_text().splitlines()]
+    mtp = [r["mtp_loss"] for r in records if r["kind"] == "train"]
+    assert len(mtp) == 12 and mtp[-1] < mtp[0] - 1.0, mtp
+    off = Trainer(tiny_cfg(max_steps=2, mtp_loss_weight=0.0, model_overrides={"num_nextn_predict_layers": 1}))
+    before = off.model.model.mtp_layers[0].eh_proj.weight.detach().clone()
+    off.run()
+    assert torch.equal(off.model.model.mtp_layers[0].eh_proj.weight, before)
+    assert "mtp_loss" not in json.loads((off.out / "metrics.jsonl").read_text().splitlines()[0])

@@ -56,10 +56,11 @@ def test_cpu_hog_is_throttled_and_an_idle_task_is_not(tmp_path):
 def test_endpoint_outage_switches_to_fallback_and_recovery_clears(tmp_path):
     switched = []
     events = []
-    with FaultServer(hang_s=1.0) as server:
+    # a 1 s budget: a healthy local probe stays well inside it even on a loaded 2-core CI machine
+    with FaultServer(hang_s=2.5) as server:
         server.probe_fault = "hang"
-        cfg = MonitorConfig(interval_s=0.05, endpoint_url=server.url + "/models", endpoint_timeout_s=0.3,
-                            thresholds={"endpoint_latency_s": Threshold(0.3, Action.SWITCH_FALLBACK, sustain=2)})
+        cfg = MonitorConfig(interval_s=0.05, endpoint_url=server.url + "/models", endpoint_timeout_s=1.0,
+                            thresholds={"endpoint_latency_s": Threshold(1.0, Action.SWITCH_FALLBACK, sustain=2)})
         mon = ResourceMonitor(cfg, roots=[], workspace=str(tmp_path), on_event=lambda k, d: events.append((k, d)),
                               handlers={Action.SWITCH_FALLBACK: lambda a: switched.append(a) or "fallback"})
         first = mon.sample()
@@ -68,7 +69,7 @@ def test_endpoint_outage_switches_to_fallback_and_recovery_clears(tmp_path):
         assert len(switched) == 1 and switched[0].metric == "endpoint_latency_s"
         server.probe_fault = "ok"
         healthy = mon.sample()
-    assert healthy["endpoint_up"] is True and healthy["endpoint_latency_s"] < 0.3
+    assert healthy["endpoint_up"] is True and healthy["endpoint_latency_s"] < 1.0
     assert [k for k, _ in events][-1] == "threshold_cleared"
 
 
