@@ -96,7 +96,8 @@ def hf_copy(cfg: ModelConfig, ours: GlmMoeDsaForCausalLM, dtype):
     for k in ("openglm", "model_type", "architectures"):
         d.pop(k)
     hf = HFModel(GlmMoeDsaConfig(**d)).eval().to(dtype)
-    hf.load_state_dict(ours.state_dict())
+    # transformers' model has no next-n (MTP) layers; a plain forward of ours does not run them either
+    hf.load_state_dict({k: v for k, v in ours.state_dict().items() if ".mtp_layers." not in k})
     return hf
 
 

@@ -88,14 +88,14 @@ def make_checkpoint(model_type: str, folder: Path, seed: int = 0) -> GlmMoeDsaFo
     return model
 
 
-def convert(sdist: Path, folder: Path, out: Path) -> None:
+def convert(sdist: Path, folder: Path, out: Path, outtype: str = "f32") -> None:
     """llama.cpp's converter, unmodified, run through a two-line shim for the tokenizer hash."""
     llama = sdist / "vendor" / "llama.cpp"
     shim = ("import sys; sys.path[:0] = [{llama!r}, {gguf!r}]; import conversion.base as b; "
             "b.TextModel.get_vocab_base_pre = lambda self, tok: 'glm4'; "
             "import convert_hf_to_gguf as c; c.main()").format(llama=str(llama), gguf=str(llama / "gguf-py"))
-    cmd = [sys.executable, "-c", shim, str(folder), "--outfile", str(out), "--outtype", "f32"]
-    print("$ python convert_hf_to_gguf.py", folder, "--outfile", out, "--outtype f32", flush=True)
+    cmd = [sys.executable, "-c", shim, str(folder), "--outfile", str(out), "--outtype", outtype]
+    print("$ python convert_hf_to_gguf.py", folder, "--outfile", out, "--outtype", outtype, flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=llama)
     if r.returncode:
         raise SystemExit(f"convert_hf_to_gguf.py failed:\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}")

@@ -51,6 +51,19 @@ def _release(owner, args, output):
     return output
 
 
+def _int8_linear(module: nn.Linear):
+    """The module's forward for int8 weights: bf16 inputs through ATen's weight-only int8 matmul, which reads
+    the int8 weight directly (LM head 8192 x 256, one row: ~0.2 ms, against ~20 ms to dequantise it per step);
+    other dtypes dequantise for the call."""
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        q, scale = module.weight_q, module.weight_scale
+        if x.dtype == torch.bfloat16 and x.device.type == "cpu" and not torch.is_grad_enabled():
+            rows = x.reshape(-1, x.shape[-1]).contiguous()
+            return torch._weight_int8pack_mm(rows, q, scale.view(-1).to(x.dtype)).view(*x.shape[:-1], q.shape[0])
+        return torch.nn.functional.linear(x, dequantize_tensor(q, scale, x.dtype))
+    return forward
+
+
 def quantize_model(model: nn.Module, kind: str) -> dict:
     """Quantise the model's matmul weights in place; returns bytes before/after for those weights."""
     if kind not in ("int8", "fp8"):
@@ -77,6 +90,9 @@ def quantize_model(model: nn.Module, kind: str) -> dict:
             owners.setdefault(m.group(1) if m else mod_name, []).append((module, name))
     for owner_name, params in owners.items():
         owner = modules[owner_name]
+        if kind == "int8" and isinstance(owner, nn.Linear) and owner.bias is None and params == [(owner, "weight")]:
+            owner.forward = _int8_linear(owner)  # a Linear of its own (the LM head): no per-call dequantised copy
+            continue
         owner._quant_params = params
         owner.register_forward_pre_hook(_materialize)
         owner.register_forward_hook(_release)

@@ -16,7 +16,7 @@ from torch import nn
 from openglm.model.attend import attend_dense, attend_latent
 from openglm.model.config import ModelConfig
 from openglm.model.indexer import Indexer
-from openglm.model.native import linear
+from openglm.model.native import DECODE_MAX_ROWS, heads_linear, linear
 from openglm.model.norm import RMSNorm
 from openglm.model.rope import apply_rope, softmax_scale
 from openglm.model.sparse import SPARSE_PATTERN_KINDS, mla_pattern_attention, pattern_from_config
@@ -65,10 +65,8 @@ class MLAttention(nn.Module):
             entries["index_k"] = self.indexer.keys(x, rot.index, projected=index_k).float()
         if cache is not None:
             entries = cache.update(self.layer_idx, entries)
-        w_kv = self._absorbed_weight(B * T).view(self.n_heads, self.nope + self.v_dim, self.rank)
-        w_uk, w_uv = w_kv[:, : self.nope], w_kv[:, self.nope:]
         # Absorb W_uk into the query: q_nope . (W_uk c) = (W_uk^T q_nope) . c
-        q_lat = per_head_matmul(q[..., : self.nope], w_uk)  # [B, T, H, rank]
+        q_lat, w_uv = self._absorb_query(q[..., : self.nope])  # [B, T, H, rank]
         q_full = torch.cat([q_lat, apply_rope(q[..., self.nope:], rot.rope)], dim=-1)
         keys = latent_keys(entries["kv"], entries["k_pe"])  # [B, N, 1, rank+rope]
         selection, chunk = None, self.cfg.attn_query_chunk
@@ -81,7 +79,7 @@ class MLAttention(nn.Module):
             # widths; with values of width `rank` it falls back to materialising the T x N scores.
             o_lat = attend_dense(q_full, keys, keys, key_valid, past, self.scale, chunk)[..., : self.rank]
         # Un-absorb W_uv: o_h = W_uv (sum_j p_j c_j)
-        o = per_head_matmul(o_lat, w_uv.transpose(1, 2))  # [B, T, H, v]
+        o = self._unabsorb(o_lat, w_uv)  # [B, T, H, v]
         o = o.reshape(B, T, self.n_heads * self.v_dim)
         # Inference skips the module call (as the fused projections do) so a decode step can take `linear`'s rows path.
         plain = self.o_proj.bias is None and not torch.is_grad_enabled()
@@ -112,6 +110,33 @@ class MLAttention(nn.Module):
         Decode-sized blocks stay on the DSA path; a 'shared' layer sees the same counts, so it takes this
         path too and needs no selection."""
         return key_valid is None and n_queries > FEW_QUERIES and n_keys <= self.cfg.index_topk
+
+    def _absorb_query(self, q_nope):
+        """(W_uk^T q_nope [B,T,H,rank], W_uv [H,v,rank] for `_unabsorb`). A decode step's few rows take
+        `heads_linear` (decode_kernels.c) over a cached per-head transposed W_uk in the model dtype: one call
+        per layer streaming the weight, where the bmm's set-up cost more than its read."""
+        B, T = q_nope.shape[:2]
+        w = self.kv_b_proj.weight
+        w_kv = w.view(self.n_heads, self.nope + self.v_dim, self.rank)
+        if B * T <= DECODE_MAX_ROWS and not torch.is_grad_enabled():
+            w_uk_t = derived_weight(self, "w_uk_t", [w], lambda w: w.view(self.n_heads, self.nope + self.v_dim,
+                                                                           self.rank)[:, : self.nope]
+                                    .transpose(1, 2).contiguous())
+            if w_uk_t is not None:
+                out = heads_linear(q_nope.reshape(B * T, self.n_heads, self.nope), w_uk_t)
+                if out is not None:
+                    return out.view(B, T, self.n_heads, self.rank), w_kv[:, self.nope:]
+        w_kv = self._absorbed_weight(B * T).view(self.n_heads, self.nope + self.v_dim, self.rank)
+        return per_head_matmul(q_nope, w_kv[:, : self.nope]), w_kv[:, self.nope:]
+
+    def _unabsorb(self, o_lat, w_uv):
+        """o_lat [B,T,H,rank] times W_uv [H,v,rank] per head -> [B,T,H,v] (`heads_linear` for a decode step)."""
+        B, T = o_lat.shape[:2]
+        if w_uv.dtype == o_lat.dtype or w_uv.dtype == torch.float32:
+            out = heads_linear(o_lat.reshape(B * T, self.n_heads, self.rank), w_uv)
+            if out is not None:
+                return out.view(B, T, self.n_heads, self.v_dim)
+        return per_head_matmul(o_lat, w_uv.transpose(1, 2))
 
     def _absorbed_weight(self, rows: int) -> torch.Tensor:
         """kv_b_proj's weight for the absorbed products; for a few rows (decode) without autograd in
@@ -146,8 +171,8 @@ class MLAttention(nn.Module):
     def _project_query(self, q_resid):
         """q [B,T,H*(nope+rope)] and, with an own indexer, its query projection (else None): one matmul
         without autograd, as in `_project_input`."""
-        if self.indexer is None:
-            return self.q_b_proj(q_resid), None
+        if self.indexer is None:  # `linear`: its decode rows path without the module call
+            return linear(q_resid, self.q_b_proj.weight) if not torch.is_grad_enabled() else self.q_b_proj(q_resid), None
         linears = [self.q_b_proj, self.indexer.wq_b]
         w = None if torch.is_grad_enabled() else fused_rows(self, "query", linears)
         if w is None:

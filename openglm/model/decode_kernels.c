@@ -71,3 +71,17 @@ void experts_swiglu(const float *xs, const int64_t *counts, int64_t n_experts, c
 void rows_linear(const float *x, int64_t n, const void *w, int is_bf16, int64_t m, int64_t k, float *y) {
     rows_times_weight(x, n, w, is_bf16, m, k, y);
 }
+
+/* Per-head products of MLA's absorbed decode step: y[r, h] = w[h] x[r, h] for h < heads, where x [n, heads, k]
+   fp32, w [heads] of [m, k] (row stride k, head stride w_head elements; fp32 or bf16), y [n, heads, m] fp32.
+   One call per layer instead of a bmm whose small-row set-up (oneDNN / MKL) costs more than its ~1 MB read. */
+void heads_linear(const float *x, int64_t n, int64_t heads, const void *w, int is_bf16, int64_t w_head,
+                  int64_t m, int64_t k, float *y) {
+    const int64_t size = is_bf16 ? 2 : 4;
+    float xs[MAX_ROWS * 1024], ys[MAX_ROWS * 1024];
+    for (int64_t h = 0; h < heads; h++) {
+        for (int64_t r = 0; r < n; r++) memcpy(xs + r * k, x + (r * heads + h) * k, k * sizeof(float));
+        rows_times_weight(xs, n, (const char *)w + h * w_head * size, is_bf16, m, k, ys);
+        for (int64_t r = 0; r < n; r++) memcpy(y + (r * heads + h) * m, ys + r * m, m * sizeof(float));
+    }
+}

@@ -50,8 +50,10 @@ def _cpu_id() -> str:
 
 
 DECODE_SIGNATURES = {"experts_swiglu": ([_P, _P, _I, _P, _P, ctypes.c_int, _I, _I, _P, _P], None),
-                     "rows_linear": ([_P, _I, _P, ctypes.c_int, _I, _I, _P], None)}
+                     "rows_linear": ([_P, _I, _P, ctypes.c_int, _I, _I, _P], None),
+                     "heads_linear": ([_P, _I, _I, _P, ctypes.c_int, _I, _I, _I, _P], None)}
 DECODE_MAX_ROWS = 8  # MAX_ROWS in decode_kernels.c: the most rows per weight its kernels take
+HEADS_MAX_WIDTH = 1024  # heads_linear's per-head input and output widths (its stack buffers) are at most this
 
 
 @functools.lru_cache(maxsize=1)
@@ -113,3 +115,21 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
                                      ptr(out))
         return out.to(x.dtype).view(*x.shape[:-1], w.shape[0])
     return torch.nn.functional.linear(x, w)
+
+
+def heads_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """x [rows, H, k] times w [H, m, k] transposed per head -> [rows, H, m] in x's dtype through
+    `decode_kernels.c` (a decode step's MLA absorption: small bmms cost more in set-up than in reading w),
+    or None when the kernel does not apply (the caller runs its bmm)."""
+    rows, heads, k = x.shape
+    m = w.shape[1]
+    if not (0 < rows <= DECODE_MAX_ROWS and not torch.is_grad_enabled() and x.device.type == "cpu"
+            and w.dtype in (torch.float32, torch.bfloat16) and x.dtype in (torch.float32, torch.bfloat16)
+            and w.stride(-1) == 1 and w.stride(-2) == k and k % 16 == 0 and k <= HEADS_MAX_WIDTH
+            and m <= HEADS_MAX_WIDTH and w.shape[0] == heads and decode_kernels() is not None):
+        return None
+    xf = x.float().contiguous()
+    out = xf.new_empty(rows, heads, m)
+    decode_kernels().heads_linear(ptr(xf), rows, heads, ptr(w), int(w.dtype == torch.bfloat16), w.stride(0), m, k,
+                                  ptr(out))
+    return out.to(x.dtype)

@@ -42,3 +42,20 @@ def test_engine_serves_quantized_weights(tiny_checkpoint):
     assert len(out[0].outputs[0].token_ids) == 8
     with pytest.raises(ValueError, match="quantization"):
         LLM(str(tiny_checkpoint), quantization="int4")
+
+
+def test_int8_lm_head_reads_int8_weights_and_matches_the_dequantised_linear(tiny_checkpoint):
+    """In bf16 the int8 LM head runs ATen's weight-only int8 matmul (no dequantised copy): same logits as the
+    dequantised weight up to bf16 rounding (the scale is rounded to bf16); fp32 dequantises for the call."""
+    from openglm.model import load_model
+
+    for dtype, tol in [(torch.bfloat16, 0.02), (torch.float32, 1e-5)]:
+        model = load_model(str(tiny_checkpoint), dtype=dtype)
+        quantize_model(model, "int8")
+        head = model.lm_head
+        x = torch.randn(3, 1, head.in_features, dtype=dtype)
+        with torch.no_grad():
+            out = head(x)
+            ref = torch.nn.functional.linear(x.float(), dequantize_tensor(head.weight_q, head.weight_scale, torch.float32))
+        assert out.dtype == dtype and out.shape == (3, 1, head.out_features) and head.weight is None
+        assert (out.float() - ref).abs().max() <= tol * ref.abs().max()

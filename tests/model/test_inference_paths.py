@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
 from openglm.model.moe import MLP, Experts, native_swiglu_ok
-from openglm.model.native import decode_kernels
+from openglm.model.native import decode_kernels, heads_linear
 from openglm.model.weights import derived_weight, fused_rows
 
 TOL = 1e-5
@@ -216,3 +216,39 @@ def test_indexer_blocks_that_see_at_most_topk_keys_take_them_all():
             real = torch.ones_like(mask, dtype=torch.bool) if m is None else m.bool()  # padding rows: no contract
             diff = (chunked(ids, attention_mask=m).logits - whole(ids, attention_mask=m).logits).abs()
             assert diff[real].max() <= TOL
+
+
+@pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the decode kernels cannot be built")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_heads_linear_kernel_equals_the_per_head_bmm(dtype, rows):
+    """decode_kernels.c's per-head product, on a head-strided view (MLA's W_uv slice of kv_b_proj), equals
+    the fp32 bmm on the same values; 9 rows are past the kernel (None: the caller's bmm runs)."""
+    torch.manual_seed(5)
+    w_all = torch.randn(3, 48 + 32, 64, dtype=dtype)
+    w = w_all[:, 48:]  # [H=3, m=32, k=64], head stride 80 x 64
+    x = torch.randn(rows, 3, 64, dtype=dtype)
+    with torch.no_grad():
+        out = heads_linear(x, w)
+        reference = torch.bmm(x.float().transpose(0, 1), w.float().transpose(1, 2)).transpose(0, 1)
+        assert heads_linear(torch.randn(9, 3, 64, dtype=dtype), w) is None
+    err = (out.float() - reference).abs().max() / reference.abs().max()
+    assert out.dtype == dtype and out.shape == (rows, 3, 32) and err <= (1e-6 if dtype == torch.float32 else 4e-3)
+
+
+@pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the decode kernels cannot be built")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_step_native_absorption_equals_the_training_path_and_follows_updates(dtype):
+    """A one-token step (the native per-head absorption and, in bf16, the native LM head) equals the
+    training path's logits, also after kv_b_proj changes in place (the cached transposed W_uk follows)."""
+    m = _model(attention_kinds=["dense"] * 3).to(dtype)
+    ids = torch.randint(3, m.config.vocab_size, (2, 1))
+    tol = 1e-4 if dtype == torch.float32 else 0.03
+    fast, ref = _fast_and_reference(m, ids)
+    assert "w_uk_t" in m.model.layers[0].self_attn._derived_weights
+    assert (fast.float() - ref.float()).abs().max() <= tol * ref.float().abs().max()
+    with torch.no_grad():
+        for layer in m.model.layers:
+            layer.self_attn.kv_b_proj.weight.mul_(-2)
+    fast, ref = _fast_and_reference(m, ids)
+    assert (fast.float() - ref.float()).abs().max() <= tol * ref.float().abs().max()
