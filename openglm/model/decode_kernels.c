@@ -85,3 +85,23 @@ void heads_linear(const float *x, int64_t n, int64_t heads, const void *w, int i
         for (int64_t r = 0; r < n; r++) memcpy(y + (r * heads + h) * m, ys + r * m, m * sizeof(float));
     }
 }
+
+static inline uint16_t round_bf16(float f) {  /* round to nearest even, as torch's .to(torch.bfloat16) */
+    uint32_t u; memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  /* NaN stays a (quiet) NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float widen_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, sizeof f); return f; }
+
+/* RMSNorm of bf16 rows as norm.py computes it, in one call instead of ~30 ATen ops: y = w * bf16(x / rms(x)),
+   the mean of squares in fp32, the normalised row rounded to bf16, then the weight product rounded again
+   (the reference's two roundings). x, y [rows, dim] bf16, w [dim] bf16; dim a multiple of 16. */
+void rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t dim, const uint16_t *w, float eps, uint16_t *y) {
+    for (int64_t r = 0; r < rows; r++, x += dim, y += dim) {
+        v16 acc = {0};
+        for (int64_t i = 0; i < dim; i += 16) { v16 v = load_bf16(x + i); acc += v * v; }
+        const float inv = 1.0f / sqrtf(hsum16(acc) / (float)dim + eps);
+        for (int64_t i = 0; i < dim; i++)
+            y[i] = round_bf16(widen_bf16(w[i]) * widen_bf16(round_bf16(widen_bf16(x[i]) * inv)));
+    }
+}

@@ -51,7 +51,8 @@ def _cpu_id() -> str:
 
 DECODE_SIGNATURES = {"experts_swiglu": ([_P, _P, _I, _P, _P, ctypes.c_int, _I, _I, _P, _P], None),
                      "rows_linear": ([_P, _I, _P, ctypes.c_int, _I, _I, _P], None),
-                     "heads_linear": ([_P, _I, _I, _P, ctypes.c_int, _I, _I, _I, _P], None)}
+                     "heads_linear": ([_P, _I, _I, _P, ctypes.c_int, _I, _I, _I, _P], None),
+                     "rms_norm_bf16": ([_P, _I, _I, _P, _F, _P], None)}
 DECODE_MAX_ROWS = 8  # MAX_ROWS in decode_kernels.c: the most rows per weight its kernels take
 HEADS_MAX_WIDTH = 1024  # heads_linear's per-head input and output widths (its stack buffers) are at most this
 
@@ -133,3 +134,19 @@ def heads_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     decode_kernels().heads_linear(ptr(xf), rows, heads, ptr(w), int(w.dtype == torch.bfloat16), w.stride(0), m, k,
                                   ptr(out))
     return out.to(x.dtype)
+
+
+def rms_norm_bf16(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """RMSNorm of bf16 x with a bf16 weight as `norm.RMSNorm` computes it (fp32 statistics, the reference's two
+    bf16 roundings) in one C call, or None where the kernel does not apply (the caller runs the torch ops):
+    without autograd, on the CPU, a width that is a multiple of 16."""
+    dim = x.shape[-1]
+    if not (not torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == w.dtype == torch.bfloat16
+            and w.is_contiguous() and 0 < dim and dim % 16 == 0 and w.numel() == dim
+            and decode_kernels() is not None):
+        return None
+    x = x.contiguous()  # a slice of a fused projection's output: one copy, still far fewer ops than the torch path
+    out = torch.empty_like(x)
+    decode_kernels().rms_norm_bf16(ptr(x), x.numel() // dim, dim, ptr(w), eps, ptr(out))
+    return out
+

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
 from openglm.model.moe import MLP, Experts, native_swiglu_ok
 from openglm.model.native import decode_kernels, heads_linear
+from openglm.model.norm import RMSNorm
 from openglm.model.weights import derived_weight, fused_rows
 
 TOL = 1e-5
@@ -252,3 +253,25 @@ def test_decode_step_native_absorption_equals_the_training_path_and_follows_upda
             layer.self_attn.kv_b_proj.weight.mul_(-2)
     fast, ref = _fast_and_reference(m, ids)
     assert (fast.float() - ref.float()).abs().max() <= tol * ref.float().abs().max()
+
+
+@pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the decode kernels cannot be built")
+def test_native_bf16_rms_norm_equals_the_fp32_computed_torch_path():
+    """bf16 RMSNorm without autograd runs one C call; it equals the torch ops (fp32 statistics, the normalised
+    row rounded to bf16, then the weight product rounded) up to the fp32 sum order: at most a rare 1-ulp
+    difference. Strided input (a slice of a fused projection) too; with autograd the torch ops run."""
+    torch.manual_seed(0)
+    norm = RMSNorm(256).bfloat16()
+    with torch.no_grad():
+        norm.weight.normal_(1, 0.5)
+    wide = (torch.randn(3, 64, 320) * 4).bfloat16()
+    x = wide[..., :256]  # not contiguous
+    ref = norm.weight * F.rms_norm(x.float(), (256,), eps=norm.eps).to(torch.bfloat16)
+    with torch.no_grad():
+        got = norm(x)
+    diff = (got.float() - ref.float()).abs()
+    assert got.dtype == torch.bfloat16 and got.shape == x.shape
+    assert (diff > 0).float().mean() <= 1e-3 and (diff <= ref.float().abs() * 2 ** -7).all()
+    y = norm(x.detach().requires_grad_())
+    y.float().sum().backward()
+    assert y.grad_fn is not None and torch.equal(y.detach(), ref)
