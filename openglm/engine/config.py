@@ -20,7 +20,6 @@ class EngineConfig:
     seed: int = 0
     num_speculative_tokens: int = 0  # MTP drafts verified per decode step (0: off); needs a next-n layer
 
-
     def __post_init__(self):
         for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_queue"):
             value = getattr(self, name)

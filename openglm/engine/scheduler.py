@@ -2,8 +2,8 @@
 
 Every step has a token budget (`max_num_batched_tokens`) and a sequence limit (`max_num_seqs`).
 Running sequences go first (one token each when decoding, plus its draft tokens under speculative
-decoding, or a chunk when their prompt is still being prefilled); waiting requests join with whatever budget is left, their long prompts cut into chunks
-(chunked prefill). When the KV pool runs dry, the most recently admitted sequence is preempted: its
+decoding, or a chunk when their prompt is still being prefilled); waiting requests join with whatever
+budget is left, their long prompts cut into chunks (chunked prefill). When the KV pool runs dry, the most recently admitted sequence is preempted: its
 blocks are freed and it is recomputed later, instead of any request failing.
 """
 

@@ -50,9 +50,8 @@ class LMHead(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        # A decode step's rows through decode_kernels.c, which streams the cold weight at ~memory bandwidth
-        # (EPYC, 32768 x 1024: fp32 1 row 5.5 ms vs MKL 8.4; bf16 1 row 3.4 ms vs oneDNN 7.7). Beyond 2 bf16
-        # rows the kernel turns compute-bound and oneDNN's bf16 matmul wins.
+        # A decode step's rows through decode_kernels.c (streams the cold weight); beyond 2 bf16 rows oneDNN's
+        # matmul wins (figures in docs/model.md, "Decode, issue 16").
         native_rows = 8 if x.dtype == torch.float32 else 2
         if (self.bias is None and x.dtype == self.weight.dtype and rows.shape[0] <= native_rows
                 and not torch.is_grad_enabled()):
@@ -191,23 +190,20 @@ class GlmMoeDsaForCausalLM(nn.Module):
             if stats is not None:
                 layer_stats.append(stats)
         aux = self._collect(layer_stats, h) if return_aux else None
+        if not (return_hidden or return_mtp):  # only the kept positions are normed
+            return CausalLMOutput(self.lm_head(self.model.norm(h[:, -logits_to_keep:] if logits_to_keep else h)), aux)
+        normed = self.model.norm(h)
+        mtp_logits = None
         if return_mtp:
             if cache is not None or not self.model.mtp_layers:
                 raise ValueError("return_mtp needs a model with next-n layers and no cache")
-            normed = self.model.norm(h)
             mask = attention_mask[:, 1:] if attention_mask is not None else None
             mtp_logits, _, mtp_aux = self.mtp_forward(normed[:, :-1], input_ids[:, 1:], position_ids[:, :-1],
                                                       mask, None, 0, return_aux)
             if aux is not None:
                 aux.aux_loss = aux.aux_loss + mtp_aux.aux_loss
-            out = CausalLMOutput(self.lm_head(normed[:, -logits_to_keep:] if logits_to_keep else normed), aux,
-                                 normed if return_hidden else None, mtp_logits)
-            return out
-        if return_hidden:
-            h = self.model.norm(h)
-            return CausalLMOutput(self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h), aux, h)
-        logits = self.lm_head(self.model.norm(h[:, -logits_to_keep:] if logits_to_keep else h))
-        return CausalLMOutput(logits, aux)
+        logits = self.lm_head(normed[:, -logits_to_keep:] if logits_to_keep else normed)
+        return CausalLMOutput(logits, aux, normed if return_hidden else None, mtp_logits)
 
     def mtp_forward(self, hidden, next_ids, position_ids, attention_mask=None, cache=None, depth: int = 0,
                     return_aux: bool = False, return_logits: bool = True):

@@ -146,7 +146,7 @@ class Experts(nn.Module):
                 return self._grouped_mm(xs, counts)
             with _without_onednn():  # see below: ATen's gemm is the faster one for a few bf16 rows
                 return self._grouped_mm(xs, counts)
-        if xs.dtype == torch.bfloat16 and min(n for n in counts if n) > FEW_ROWS and self._grouped_mm_ok(xs.dtype):
+        if xs.dtype == torch.bfloat16 and min((n for n in counts if n), default=0) > FEW_ROWS and self._grouped_mm_ok(xs.dtype):
             return self._grouped_mm(xs, counts)  # prefill: ~1.1x the per-expert loop in bf16 (fp32: slower)
         active = [(e, x, y) for e, (x, y) in enumerate(zip(xs.split(counts), ys.split(counts))) if len(x)]
         few = [a for a in active if len(a[1]) <= FEW_ROWS]

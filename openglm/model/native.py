@@ -149,4 +149,3 @@ def rms_norm_bf16(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor 
     out = torch.empty_like(x)
     decode_kernels().rms_norm_bf16(ptr(x), x.numel() // dim, dim, ptr(w), eps, ptr(out))
     return out
-
