@@ -21,6 +21,10 @@ class ServerMetrics:
         self.prefix_hits = Gauge("openglm_prefix_cache_hit_blocks", "Prompt blocks served from the prefix cache", registry=r)
         self.prefix_queries = Gauge("openglm_prefix_cache_query_blocks", "Prompt blocks looked up", registry=r)
         self.preemptions = Gauge("openglm_preemptions", "Sequences preempted for recompute", registry=r)
+        self.draft_tokens = Gauge("openglm_spec_decode_draft_tokens", "MTP draft tokens verified (cumulative)",
+                                  registry=r)
+        self.accepted_drafts = Gauge("openglm_spec_decode_accepted_tokens", "MTP draft tokens accepted (cumulative)",
+                                     registry=r)
         self.tokens_per_s = Gauge("openglm_generation_tokens_per_second", "Generated tokens/s over recent steps", registry=r)
         self.prompt_tokens = Counter("openglm_prompt_tokens", "Prompt tokens processed", registry=r)
         self.gen_tokens = Counter("openglm_generation_tokens", "Tokens generated", registry=r)
@@ -43,6 +47,8 @@ class ServerMetrics:
         self.prefix_hits.set(s.prefix_hit_blocks)
         self.prefix_queries.set(s.prefix_query_blocks)
         self.preemptions.set(s.preemptions)
+        self.draft_tokens.set(s.draft_tokens)
+        self.accepted_drafts.set(s.accepted_draft_tokens)
         now, total = time.monotonic(), s.generation_tokens
         self._window = [(t, n) for t, n in self._window if now - t < 5.0] + [(now, total)]
         t0, n0 = self._window[0]
