@@ -168,7 +168,7 @@ class Trainer:
             self.tracker.add_time(dt)
             result.losses[self.step] = loss
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens / trained_s:,.0f}", lr=f"{self._lr:.2e}")
+            bar.set_postfix(self._bar_figures(tokens / trained_s))
             if self.step % cfg.log_every == 0:
                 self._log_train(bar)
             out_of_time = dist.any_rank(cfg.time_budget_s is not None and trained_s >= cfg.time_budget_s, self.info)
@@ -229,6 +229,13 @@ class Trainer:
         self.tracker.add_step(lm_loss, aux_loss, grad_norm, router_norm, self._lr,
                               (sums[3] / sums[2]).item() if self._trains_mtp else None)
         return lm_loss + aux_loss
+
+    def _bar_figures(self, tokens_per_s: float) -> dict:
+        """The progress bar's figures: the LM loss (comparable with the validation loss; the weighted aux and
+        MTP terms are logged apart), the MTP layer's own loss when it trains, throughput and learning rate."""
+        lm, mtp = self.tracker.rows[-1][0], self.tracker.rows[-1][5]
+        figures = {"loss": f"{lm:.3f}"} | ({"mtp": f"{mtp:.3f}"} if self._trains_mtp else {})
+        return figures | {"tok_s": f"{tokens_per_s:,.0f}", "lr": f"{self._lr:.2e}"}
 
     @torch.no_grad()
     def _nudge_router_bias(self, counts: torch.Tensor) -> None:

@@ -160,3 +160,16 @@ def test_mtp_loss_trains_and_is_logged(tiny_cfg):
     off.run()
     assert torch.equal(off.model.model.mtp_layers[0].eh_proj.weight, before)
     assert "mtp_loss" not in json.loads((off.out / "metrics.jsonl").read_text().splitlines()[0])
+
+
+
+def test_progress_bar_shows_the_lm_loss_and_mtp_apart(tiny_cfg, capsys):
+    """The bar's `loss` is the LM cross-entropy (what the validation loss compares with), not LM + weighted
+    MTP/aux terms; the MTP layer's own loss is shown beside it."""
+    trainer = Trainer(tiny_cfg(max_steps=2, eval_every=100, log_every=100, progress=True,
+                               model_overrides={"num_nextn_predict_layers": 1}))
+    res = trainer.run()
+    last = [line for line in capsys.readouterr().err.replace("\r", "\n").splitlines() if "2/2" in line][-1]
+    lm, mtp = trainer.tracker.rows[-1][0], trainer.tracker.rows[-1][5]
+    assert f"loss={lm:.3f}" in last and f"mtp={mtp:.3f}" in last, last
+    assert res.losses[2] > lm + 0.2 * mtp  # the total (LM + 0.3 MTP + aux) the bar used to show
