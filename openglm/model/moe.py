@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from openglm.model.config import ModelConfig
-from openglm.model.native import decode_kernels, ptr
+from openglm.model.native import decode_kernels, kernel_weight, ptr, scale_ptr
 from openglm.model.router import Router, balance_losses
 from openglm.model.weights import fused_rows
 
@@ -51,11 +51,16 @@ class MLP(nn.Module):
 
 def native_swiglu_ok(act, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
     """Whether `decode_kernels.c` can run a SwiGLU with these weights (gate_up [.., 2I, H], down [.., H, I]):
-    silu, fp32 or bf16 throughout, contiguous CPU tensors, H and I multiples of 16, and a C compiler."""
+    silu, fp32 or bf16 x with weights of its dtype (or int8 `QuantizedWeight`s of one), contiguous CPU
+    tensors, H and I multiples of 16, and a C compiler."""
     H, inter = down.shape[-2:]
-    return (act is F.silu and x.device.type == "cpu" and H % 16 == 0 and inter % 16 == 0
+    if not (act is F.silu and x.device.type == "cpu" and H % 16 == 0 and inter % 16 == 0
             and x.dtype == gate_up.dtype == down.dtype and x.dtype in (torch.float32, torch.bfloat16)
-            and gate_up.is_contiguous() and down.is_contiguous() and decode_kernels() is not None)
+            and decode_kernels() is not None):
+        return False
+    a, b = kernel_weight(gate_up), kernel_weight(down)
+    return (a is not None and b is not None and a[2] == b[2]
+            and all(t.is_contiguous() for t in (a[0], b[0]) + ((a[1], b[1]) if a[1] is not None else ())))
 
 
 def native_swiglu(xs: torch.Tensor, counts: list[int], gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
@@ -63,11 +68,12 @@ def native_swiglu(xs: torch.Tensor, counts: list[int], gate_up: torch.Tensor, do
     consecutive rows of xs [sum(counts), H] (at most NATIVE_MAX_ROWS each), in one C call that streams every
     weight row once: small-row BLAS calls read cold weights at ~5 GB/s, this ~2x faster. fp32 accumulation."""
     H, inter = down.shape[-2:]
+    (gu, gu_scale, wtype), (dn, dn_scale, _) = kernel_weight(gate_up), kernel_weight(down)
     x = xs.float().contiguous()
     out, work = torch.empty_like(x), x.new_empty(NATIVE_MAX_ROWS * 3 * inter)
     rows = torch.tensor(counts, dtype=torch.int64)  # held here: the kernel reads it through a raw pointer
-    decode_kernels().experts_swiglu(ptr(x), ptr(rows), len(counts), ptr(gate_up), ptr(down),
-                                    int(xs.dtype == torch.bfloat16), H, inter, ptr(out), ptr(work))
+    decode_kernels().experts_swiglu(ptr(x), ptr(rows), len(counts), ptr(gu), ptr(dn), scale_ptr(gu_scale),
+                                    scale_ptr(dn_scale), wtype, H, inter, ptr(out), ptr(work))
     return out.to(xs.dtype)
 
 

@@ -5,8 +5,9 @@
   sum, mask, sample top-k, compare, nonzero, gathers) and the scores / weighted sums of the selected (query,
   key) pairs (`sampled_addmm` runs at ~5 GFLOP/s, `embedding_bag` reads each query's rows at random). The C
   does each in one or two passes over cache-resident data.
-- `decode_kernels()` (`decode_kernels.c`): a decode step's routed experts (one or two rows each), whose
-  weights small-row BLAS calls read at ~5 GB/s; the C streams each weight row once, ~2x faster cold.
+- `decode_kernels()` (`decode_kernels.c`): a decode step's few-row products (routed experts, projections,
+  MLA's per-head absorption), whose weights small-row BLAS calls read at ~5 GB/s; the C streams each fp32,
+  bf16 or int8 weight row once (int8 in place, with its row scale), ~2x faster cold.
 
 Each is compiled once (~0.3 s) with the system C compiler (`cc`, or $CC) into ~/.cache/openglm (or
 $OPENGLM_CACHE), keyed by the source, flags and CPU (`-march=native`). Without a compiler, or with
@@ -27,6 +28,8 @@ import warnings
 from pathlib import Path
 
 import torch
+
+from openglm.model.quantized import QuantizedWeight
 
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -49,9 +52,10 @@ def _cpu_id() -> str:
         return platform.processor()
 
 
-DECODE_SIGNATURES = {"experts_swiglu": ([_P, _P, _I, _P, _P, ctypes.c_int, _I, _I, _P, _P], None),
-                     "rows_linear": ([_P, _I, _P, ctypes.c_int, _I, _I, _P], None),
-                     "heads_linear": ([_P, _I, _I, _P, ctypes.c_int, _I, _I, _I, _P], None),
+_C = ctypes.c_int
+DECODE_SIGNATURES = {"experts_swiglu": ([_P, _P, _I, _P, _P, _P, _P, _C, _I, _I, _P, _P], None),
+                     "rows_linear": ([_P, _I, _P, _P, _C, _C, _I, _I, _P], _C),
+                     "heads_linear": ([_P, _I, _I, _P, _P, _C, _I, _I, _I, _I, _P], None),
                      "rms_norm_bf16": ([_P, _I, _I, _P, _F, _P], None)}
 DECODE_MAX_ROWS = 8  # MAX_ROWS in decode_kernels.c: the most rows per weight its kernels take
 HEADS_MAX_WIDTH = 1024  # heads_linear's per-head input and output widths (its stack buffers) are at most this
@@ -103,36 +107,67 @@ def ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
+W_F32, W_BF16, W_I8 = 0, 1, 2  # the weight element types of decode_kernels.c
+
+
+def kernel_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
+    """(values, row scales or None, weight type) of a weight as `decode_kernels.c` reads it: fp32 / bf16 in
+    place, an int8 `QuantizedWeight`'s int8 values and fp32 row scales in place (no dequantised copy); None
+    for other weights (fp8, fp16). Callers check the values' strides."""
+    if isinstance(w, QuantizedWeight):
+        return (w.qdata, w.scale, W_I8) if w.qdata.dtype == torch.int8 else None
+    if w.dtype in (torch.float32, torch.bfloat16):
+        return w, None, W_BF16 if w.dtype == torch.bfloat16 else W_F32
+    return None
+
+
+def scale_ptr(scale: torch.Tensor | None) -> int | None:
+    return None if scale is None else scale.data_ptr()
+
+
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear(x, w) (no bias); for a decode step's few rows without autograd through `decode_kernels.c`,
-    which streams each weight row once (small-row BLAS reads cold weights at ~5 GB/s; fp32 accumulation)."""
+    which streams each weight row once (small-row BLAS reads cold weights at ~5 GB/s; fp32 accumulation).
+    fp32 or bf16 x with a weight of its dtype or an int8 `QuantizedWeight`; more rows of bf16 x over an int8
+    weight take ATen's weight-only int8 matmul, which also reads the int8 values in place."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (0 < rows <= DECODE_MAX_ROWS and not torch.is_grad_enabled() and x.device.type == "cpu"
-            and x.dtype == w.dtype and x.dtype in (torch.float32, torch.bfloat16) and w.is_contiguous()
-            and x.shape[-1] % 16 == 0 and decode_kernels() is not None):
-        xf = x.reshape(rows, x.shape[-1]).float().contiguous()
-        out = xf.new_empty(rows, w.shape[0])
-        decode_kernels().rows_linear(ptr(xf), rows, ptr(w), int(x.dtype == torch.bfloat16), w.shape[0], x.shape[-1],
-                                     ptr(out))
-        return out.to(x.dtype).view(*x.shape[:-1], w.shape[0])
+    kw = kernel_weight(w) if (x.device.type == "cpu" and not torch.is_grad_enabled() and x.dtype == w.dtype
+                              and x.dtype in (torch.float32, torch.bfloat16)) else None
+    if kw is None or not kw[0].is_contiguous() or (kw[1] is not None and not kw[1].is_contiguous()):
+        return torch.nn.functional.linear(x, w)
+    values, scale, wtype = kw
+    m, k = values.shape[-2], x.shape[-1]
+    if 0 < rows <= DECODE_MAX_ROWS and k % 16 == 0 and values.dim() == 2 and decode_kernels() is not None:
+        xr = x.reshape(rows, k).contiguous()
+        out = xr.new_empty(rows, m)
+        if decode_kernels().rows_linear(ptr(xr), rows, ptr(values), scale_ptr(scale), wtype,
+                                        int(x.dtype == torch.bfloat16), m, k, ptr(out)) == 0:
+            return out.view(*x.shape[:-1], m)
+    if wtype == W_I8 and x.dtype == torch.bfloat16 and values.dim() == 2:
+        xr = x.reshape(-1, k).contiguous()
+        return torch._weight_int8pack_mm(xr, values, scale.view(-1).to(x.dtype)).view(*x.shape[:-1], m)
     return torch.nn.functional.linear(x, w)
 
 
 def heads_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     """x [rows, H, k] times w [H, m, k] transposed per head -> [rows, H, m] in x's dtype through
     `decode_kernels.c` (a decode step's MLA absorption: small bmms cost more in set-up than in reading w),
-    or None when the kernel does not apply (the caller runs its bmm)."""
+    or None when the kernel does not apply (the caller runs its bmm). w: fp32, bf16 or int8 `QuantizedWeight`."""
     rows, heads, k = x.shape
     m = w.shape[1]
-    if not (0 < rows <= DECODE_MAX_ROWS and not torch.is_grad_enabled() and x.device.type == "cpu"
-            and w.dtype in (torch.float32, torch.bfloat16) and x.dtype in (torch.float32, torch.bfloat16)
-            and w.stride(-1) == 1 and w.stride(-2) == k and k % 16 == 0 and k <= HEADS_MAX_WIDTH
+    kw = kernel_weight(w)
+    if not (kw is not None and 0 < rows <= DECODE_MAX_ROWS and not torch.is_grad_enabled()
+            and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
+            and kw[0].stride(-1) == 1 and kw[0].stride(-2) == k and k % 16 == 0 and k <= HEADS_MAX_WIDTH
             and m <= HEADS_MAX_WIDTH and w.shape[0] == heads and decode_kernels() is not None):
+        return None
+    values, scale, wtype = kw
+    if scale is not None and scale.stride(-2) != 1:
         return None
     xf = x.float().contiguous()
     out = xf.new_empty(rows, heads, m)
-    decode_kernels().heads_linear(ptr(xf), rows, heads, ptr(w), int(w.dtype == torch.bfloat16), w.stride(0), m, k,
-                                  ptr(out))
+    decode_kernels().heads_linear(ptr(xf), rows, heads, ptr(values), scale_ptr(scale), wtype, values.stride(0),
+                                  0 if scale is None else scale.stride(0), m, k, ptr(out))
     return out.to(x.dtype)
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from openglm.model.errors import ShapeMismatchError, UnexpectedTensorError
+from openglm.model.quantized import QuantizedWeight
 
 _STACKED = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -125,9 +126,9 @@ def derived_weight(module: torch.nn.Module, name: str, sources: list[torch.Tenso
     """`build(*sources)`, cached on `module` under `name` until a source changes: another tensor, new
     storage (`module.to(...)`, `p.data = ...`) or an in-place update (optimizer steps, load_state_dict
     and init all bump the parameter's version counter). Writes through `p.data` bypass that counter and
-    are not seen. Returns None, meaning "use the unfused path", when a source is not a Parameter (e.g.
-    the engine's quantisation dequantises weights per call) or is an inference tensor (no version
-    counter). Never part of state_dict: the cache is a plain attribute, not a parameter or buffer."""
+    are not seen. Sources are Parameters or `QuantizedWeight`s (the engine's quantised weights; a stacking
+    `build` keeps them quantised). Returns None, meaning "use the unfused path", for any other source
+    (an inference tensor has no version counter). Never part of state_dict: the cache is a plain attribute, not a parameter or buffer."""
     cache = module.__dict__.setdefault("_derived_weights", {})
     hit = cache.get(name)
     # A cast or a move to another device gives new storage, hence a new data_ptr. (Checked on every decode
@@ -136,7 +137,7 @@ def derived_weight(module: torch.nn.Module, name: str, sources: list[torch.Tenso
             a is b and b._version == v and b.data_ptr() == p and b.dtype == d
             for a, b, (p, v, d) in zip(hit[0], sources, hit[1])):
         return hit[2]
-    if not all(isinstance(t, torch.nn.Parameter) and not t.is_inference() for t in sources):
+    if not all(isinstance(t, (torch.nn.Parameter, QuantizedWeight)) and not t.is_inference() for t in sources):
         return None
     key = [(t.data_ptr(), t._version, t.dtype) for t in sources]
     with torch.no_grad():
