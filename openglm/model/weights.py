@@ -128,7 +128,8 @@ def derived_weight(module: torch.nn.Module, name: str, sources: list[torch.Tenso
     and init all bump the parameter's version counter). Writes through `p.data` bypass that counter and
     are not seen. Sources are Parameters or `QuantizedWeight`s (the engine's quantised weights; a stacking
     `build` keeps them quantised). Returns None, meaning "use the unfused path", for any other source
-    (an inference tensor has no version counter). Never part of state_dict: the cache is a plain attribute, not a parameter or buffer."""
+    (an inference tensor has no version counter). Never part of state_dict: the cache is a plain
+    attribute, not a parameter or buffer."""
     cache = module.__dict__.setdefault("_derived_weights", {})
     hit = cache.get(name)
     # A cast or a move to another device gives new storage, hence a new data_ptr. (Checked on every decode

@@ -94,7 +94,7 @@ def register(subparsers):
     p.add_argument("--session-ttl", type=float, default=600.0, help="seconds an idle prefix-cache block stays reusable"+D)
     p.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix (session) cache")
     p.add_argument("--quantization", choices=["none", "int8", "fp8"], default="none",
-                   help="weight-only quantisation (dequantised for compute)"+D)
+                   help="weight-only quantisation (int8 read in place by the decode kernels, fp8 dequantised per op)"+D)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="weight and compute dtype"+D)
     p.add_argument("--num-speculative-tokens", type=int, default=0, metavar="K",
