@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from openglm.model.cache import DecodeRows
+
 
 class KVPool:
     def __init__(self, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32):
@@ -50,12 +52,13 @@ class PagedBatchCache:
         # slot of every cached-or-new position of each row, laid out as the model sees the step:
         # [pad .. past | new .. pad], padding reading the all-zero slot
         read = torch.full((self.batch, width), pool.pad_slot, dtype=torch.long)
-        write = []
+        write, self.seq_slots, self.lens = [], [], (past_lens, new_lens)
         for row, (table, p, t) in enumerate(zip(block_tables, past_lens, new_lens)):
             blocks = torch.tensor(table, dtype=torch.long)
             slots = (blocks[:, None] * bs + torch.arange(bs)).flatten()[: p + t]
             read[row, self.past - p : self.past + t] = slots
             write.append(slots[p:])
+            self.seq_slots.append(slots)
         self.read_index = read.flatten()
         self.write_slots = torch.cat(write)
         valid_new = torch.arange(self.new)[None, :] < torch.tensor(new_lens)[:, None]
@@ -63,6 +66,30 @@ class PagedBatchCache:
 
     def get_seq_length(self) -> int:
         return self.past
+
+    def decode_layout(self, batch: int, new: int, attention_mask) -> "PagedBatchCache | None":
+        """This step as `decode_step` reads it (the pool's slots through the block tables, no gather), when every
+        row has `new` tokens (else None: the torch path pads them); the attention mask is the step's own."""
+        past_lens, new_lens = self.lens
+        if batch != self.batch or any(t != new for t in new_lens):
+            return None
+        self.max_keys = max(past_lens) + new
+        self.keys = [p + t + 1 for p in past_lens for t in range(new)]
+        starts = [0]
+        for slots in self.seq_slots[:-1]:
+            starts.append(starts[-1] + len(slots))
+        self.decode_rows = (torch.cat(self.seq_slots), torch.tensor([s for s in starts for _ in range(new)]),
+                            torch.tensor(self.keys), torch.cat([s[p:] for s, p in zip(self.seq_slots, past_lens)]))
+        return self
+
+    def keys_of(self, row: int) -> int:
+        return self.keys[row]
+
+    def rows(self, layer_idx: int, specs: dict[str, tuple[int, torch.dtype]]) -> DecodeRows:
+        """Layer `layer_idx`'s pools (created from `specs`, name -> (width, dtype), on a first step) and the step's
+        slots; the native call writes the new entries in the pool's dtype."""
+        entries = {name: self.pool.tensor(layer_idx, name, torch.empty(1, 1, width)) for name, (width, _) in specs.items()}
+        return DecodeRows(entries, *self.decode_rows)
 
     def update(self, layer_idx: int, entries: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Write the new entries into their slots, then read past + new back in one gather."""

@@ -119,15 +119,19 @@ class MLAttention(nn.Module):
         w = self.kv_b_proj.weight
         w_kv = w.view(self.n_heads, self.nope + self.v_dim, self.rank)
         if B * T <= DECODE_MAX_ROWS and not torch.is_grad_enabled():
-            w_uk_t = derived_weight(self, "w_uk_t", [w], lambda w: w.view(self.n_heads, self.nope + self.v_dim,
-                                                                           self.rank)[:, : self.nope]
-                                    .transpose(1, 2).contiguous())
+            w_uk_t = self.w_uk_t()
             if w_uk_t is not None:
                 out = heads_linear(q_nope.reshape(B * T, self.n_heads, self.nope), w_uk_t)
                 if out is not None:
                     return out.view(B, T, self.n_heads, self.rank), w_kv[:, self.nope:]
         w_kv = self._absorbed_weight(B * T).view(self.n_heads, self.nope + self.v_dim, self.rank)
         return per_head_matmul(q_nope, w_kv[:, : self.nope]), w_kv[:, self.nope:]
+
+    def w_uk_t(self) -> torch.Tensor | None:
+        """W_uk transposed per head, [H, rank, nope] contiguous (cached; None: see `derived_weight`): the weight of
+        a decode step's absorption, `heads_linear` here and `decode_step`'s."""
+        return derived_weight(self, "w_uk_t", [self.kv_b_proj.weight], lambda w: w.view(
+            self.n_heads, self.nope + self.v_dim, self.rank)[:, : self.nope].transpose(1, 2).contiguous())
 
     def _unabsorb(self, o_lat, w_uv):
         """o_lat [B,T,H,rank] times W_uv [H,v,rank] per head -> [B,T,H,v] (`heads_linear` for a decode step)."""
@@ -154,11 +158,7 @@ class MLAttention(nn.Module):
         indexer its key projection [B,T,index_head_dim] (else None) and, when the fused path computed them,
         its raw per-head weights [B,T,index_n_heads] (else None: the indexer computes them). Without
         autograd they are one matmul over the stacked weights; training keeps the separate Linears."""
-        linears = [self.q_a_proj, self.kv_a_proj_with_mqa]
-        if self.indexer is not None:
-            linears.append(self.indexer.wk)
-            if self.indexer.weights_proj.weight.dtype == torch.float32:  # kept fp32 in bf16 models: not fused
-                linears.append(self.indexer.weights_proj)
+        linears = self.input_linears()
         w = None if torch.is_grad_enabled() else fused_rows(self, "input", linears)
         if w is None:
             q_a, kv_pe = self.q_a_proj(x), self.kv_a_proj_with_mqa(x)
@@ -168,16 +168,33 @@ class MLAttention(nn.Module):
         parts = linear(x, w).split(sizes, dim=-1)
         return (*parts[:3], parts[3] if len(parts) > 3 else None, parts[4] if len(parts) > 4 else None)
 
+    def input_linears(self) -> list[nn.Linear]:
+        """The Linears that read the layer's normed input, in the order of their fused weight's rows: q_a, kv_a
+        (latent then k_pe) and, with an own indexer, its key projection and, when fp32, its head weights (a bf16
+        model computes those from an fp32 copy, as transformers does)."""
+        linears = [self.q_a_proj, self.kv_a_proj_with_mqa]
+        if self.indexer is not None:
+            linears.append(self.indexer.wk)
+            if self.indexer.weights_proj.weight.dtype == torch.float32:
+                linears.append(self.indexer.weights_proj)
+        return linears
+
+    def query_weight(self) -> torch.Tensor | None:
+        """The weight of q_resid's projections without autograd: q_b_proj's, stacked with the indexer's wq_b when the
+        layer has an own indexer (None: see `fused_rows`)."""
+        if self.indexer is None:
+            return self.q_b_proj.weight
+        return fused_rows(self, "query", [self.q_b_proj, self.indexer.wq_b])
+
     def _project_query(self, q_resid):
         """q [B,T,H*(nope+rope)] and, with an own indexer, its query projection (else None): one matmul
         without autograd, as in `_project_input`."""
         if self.indexer is None:  # `linear`: its decode rows path without the module call
             return linear(q_resid, self.q_b_proj.weight) if not torch.is_grad_enabled() else self.q_b_proj(q_resid), None
-        linears = [self.q_b_proj, self.indexer.wq_b]
-        w = None if torch.is_grad_enabled() else fused_rows(self, "query", linears)
+        w = None if torch.is_grad_enabled() else self.query_weight()
         if w is None:
             return self.q_b_proj(q_resid), self.indexer.wq_b(q_resid)
-        q, index_q = linear(q_resid, w).split([lin.out_features for lin in linears], dim=-1)
+        q, index_q = linear(q_resid, w).split([self.q_b_proj.out_features, self.indexer.wq_b.out_features], dim=-1)
         return q, index_q
 
 

@@ -9,6 +9,7 @@ compressed latent `kv` [B,T,kv_lora_rank] and the roped key `k_pe` [B,T,qk_rope_
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -18,6 +19,22 @@ class KVCache(Protocol):
     def get_seq_length(self) -> int: ...
 
     def update(self, layer_idx: int, entries: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+    # Optional: `decode_layout(batch, new, attention_mask)` -> an object with `rows(layer_idx, specs)` -> DecodeRows,
+    # `max_keys` and `keys_of(row)`, or None; `model/decode_step.py` then runs a decode step's layers natively.
+
+
+@dataclass
+class DecodeRows:
+    """Where one layer's cache holds a decode step's keys, for `decode_step`'s native calls. Each entry is a 2-D
+    tensor whose row s is slot s. Row r (the step's new tokens, flattened [batch * new]) sees row_keys[r] keys, its
+    own included; key i is slot table[row_base[r] + i] (no table: slot row_base[r] + i), and its new entries go
+    to slot write[r]. Index tensors are int64."""
+    entries: dict[str, torch.Tensor]
+    table: torch.Tensor | None
+    row_base: torch.Tensor
+    row_keys: torch.Tensor
+    write: torch.Tensor
 
 
 CAPACITY_STEP = 256  # buffers are sized in multiples of this many positions (decode rarely reallocates)
@@ -106,6 +123,13 @@ class DynamicCache:
             out.update(buf.views())
         return {name: out[name] for name in entries}
 
+    def decode_layout(self, batch: int, new: int, attention_mask) -> "_ContiguousLayout | None":
+        """The rows of a step of `new` tokens per sequence for `decode_step` (None with padding: the torch path
+        masks it)."""
+        if attention_mask is not None and not bool(attention_mask.all()):
+            return None
+        return _ContiguousLayout(self, batch, new)
+
     def reorder(self, index: torch.Tensor) -> None:
         """Keep/reorder batch rows (beam search, dropping finished sequences)."""
         for bufs in self._buffers.values():
@@ -124,3 +148,43 @@ def _by_dtype(entries: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]
     for name, t in entries.items():
         groups.setdefault((t.dtype, t.device, name if name in OWN_BUFFER else None), {})[name] = t
     return list(groups.values())
+
+
+class _ContiguousLayout:
+    """DynamicCache's rows for `decode_step`: sequence b's position i is slot b * capacity + i of each buffer."""
+
+    def __init__(self, cache: DynamicCache, batch: int, new: int):
+        self.cache, self.batch, self.new, self.past = cache, batch, new, cache.get_seq_length()
+        self.max_keys = self.past + new
+        self.row_keys = torch.arange(self.past + 1, self.past + new + 1).repeat(batch)
+        self._bases: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # capacity -> (row_base, write)
+
+    def keys_of(self, row: int) -> int:
+        return self.past + row % self.new + 1
+
+    def rows(self, layer_idx: int, specs: dict[str, tuple[int, torch.dtype]]) -> DecodeRows:
+        """Reserve the step's positions in layer `layer_idx` (created from `specs`, name -> (width, dtype), on a first
+        step) as `update` does, and say where they are; the native call writes them."""
+        bufs = self.cache._buffers.get(layer_idx)
+        if bufs is None:
+            empty = {name: torch.empty(self.batch, 0, width, dtype=dtype) for name, (width, dtype) in specs.items()}
+            bufs = self.cache._buffers[layer_idx] = [_LayerBuffer(group) for group in _by_dtype(empty)]
+        entries = {}
+        for buf in bufs:
+            if buf.length != self.past or buf.batch != self.batch or any(name not in specs for name in buf.names):
+                raise ValueError(f"layer {layer_idx}: the cache holds {buf.batch} x {buf.length} {buf.names}, the step "
+                                 f"expects {self.batch} x {self.past} {list(specs)}")
+            buf._reserve(self.past + self.new)
+            flat, col = buf.data.view(-1, buf.data.shape[2]), 0
+            for name, width in zip(buf.names, buf.widths):
+                entries[name] = flat[:, col:col + width]
+                col += width
+            buf.length += self.new
+        capacity = bufs[0].data.shape[1]
+        if any(buf.data.shape[1] != capacity for buf in bufs):  # buffers of a layer grow together
+            raise RuntimeError(f"layer {layer_idx}: cache buffers of unequal capacity")
+        if capacity not in self._bases:
+            base = torch.arange(self.batch).repeat_interleave(self.new) * capacity
+            self._bases[capacity] = (base, base + self.row_keys - 1)
+        base, write = self._bases[capacity]
+        return DecodeRows(entries, None, base, self.row_keys, write)

@@ -82,8 +82,68 @@ static inline __attribute__((always_inline)) void rows_times_weight_t(
         for (int64_t r = 0; r < n; r++) y[r * m + j] = hsum16(acc[r]) * (wtype == W_I8 ? scale[j] : 1.0f);
     }
 }
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+/* rows_times_weight for bf16 weights on CPUs with AVX512-BF16: vdpbf16ps multiplies 32 bf16 pairs into 16 fp32 sums
+   per instruction, where widening and FMAs take four; widening bound the bf16 kernel at ~9 GB/s on one core. Each
+   x row is split into bf16 hi + lo parts (x = hi + lo to 2^-17 relative); rows whose values are bf16 already (a bf16
+   model's activations) need the hi part only. Returns 0 when it does not apply (k not a multiple of 32). */
+static int rows_times_bf16(const float *x, int64_t n, const uint16_t *w, int64_t m, int64_t k, float *y) {
+    if (k % 32) return 0;
+    uint16_t *parts = malloc(sizeof(uint16_t) * 2 * n * k);
+    if (!parts) return 0;
+    int need_lo = 0;
+    for (int64_t i = 0; i < n * k; i++) {
+        const uint16_t hi = round_bf16(x[i]), lo = round_bf16(x[i] - widen_bf16(hi));
+        parts[i] = hi; parts[n * k + i] = lo;
+        need_lo |= lo & 0x7fff;
+    }
+    const __m512i *xh = (const __m512i *)parts, *xl = (const __m512i *)(parts + n * k);
+    const int64_t steps = k / 32;
+    int64_t j = 0;
+    for (; j + 4 <= m && n <= 2; j += 4) {
+        const uint16_t *wr = w + j * k;
+        __builtin_prefetch(wr + 16 * k);
+        __m512 acc[4][2] = {{_mm512_setzero_ps(), _mm512_setzero_ps()}, {_mm512_setzero_ps(), _mm512_setzero_ps()},
+                            {_mm512_setzero_ps(), _mm512_setzero_ps()}, {_mm512_setzero_ps(), _mm512_setzero_ps()}};
+        for (int64_t d = 0; d < steps; d++)
+            for (int b = 0; b < 4; b++) {
+                const __m512bh wv = (__m512bh)_mm512_loadu_si512(wr + b * k + 32 * d);
+                for (int64_t r = 0; r < n; r++) {
+                    acc[b][r] = _mm512_dpbf16_ps(acc[b][r], wv, (__m512bh)_mm512_loadu_si512(xh + r * steps + d));
+                    if (need_lo) acc[b][r] = _mm512_dpbf16_ps(acc[b][r], wv, (__m512bh)_mm512_loadu_si512(xl + r * steps + d));
+                }
+            }
+        for (int64_t r = 0; r < n; r++)
+            for (int b = 0; b < 4; b++) y[r * m + j + b] = _mm512_reduce_add_ps(acc[b][r]);
+    }
+    for (; j < m; j++) {
+        const uint16_t *wr = w + j * k;
+        __builtin_prefetch(wr + 8 * k);
+        __m512 acc[MAX_ROWS];
+        for (int64_t r = 0; r < n; r++) acc[r] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < steps; d++) {
+            const __m512bh wv = (__m512bh)_mm512_loadu_si512(wr + 32 * d);
+            for (int64_t r = 0; r < n; r++) {
+                acc[r] = _mm512_dpbf16_ps(acc[r], wv, (__m512bh)_mm512_loadu_si512(xh + r * steps + d));
+                if (need_lo) acc[r] = _mm512_dpbf16_ps(acc[r], wv, (__m512bh)_mm512_loadu_si512(xl + r * steps + d));
+            }
+        }
+        for (int64_t r = 0; r < n; r++) y[r * m + j] = _mm512_reduce_add_ps(acc[r]);
+    }
+    free(parts);
+    return 1;
+}
+#else
+static int rows_times_bf16(const float *x, int64_t n, const uint16_t *w, int64_t m, int64_t k, float *y) {
+    (void)x; (void)n; (void)w; (void)m; (void)k; (void)y;
+    return 0;
+}
+#endif
+
 static void rows_times_weight(const float *x, int64_t n, const void *w, const float *scale, int wtype, int64_t m,
                               int64_t k, float *y) {  /* one specialised copy per weight type */
+    if (wtype == W_BF16 && rows_times_bf16(x, n, w, m, k, y)) return;
     if (wtype == W_BF16) rows_times_weight_t(x, n, w, scale, W_BF16, m, k, y);
     else if (wtype == W_I8) rows_times_weight_t(x, n, w, scale, W_I8, m, k, y);
     else rows_times_weight_t(x, n, w, scale, W_F32, m, k, y);
@@ -155,4 +215,375 @@ void rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t dim, const uint16_t 
         for (int64_t i = 0; i < dim; i++)
             y[i] = round_bf16(widen_bf16(w[i]) * widen_bf16(round_bf16(widen_bf16(x[i]) * inv)));
     }
+}
+
+/* ---- A whole MLA/DSA decoder layer's decode step in three calls (openglm/model/decode_step.py drives them) ----
+   A small model's decode step is bound by op dispatch (~95 ATen ops per layer). These run one layer's attention as
+   two calls (mla_decode_select: norms, projections, RoPE, the new cache entries, the absorbed queries and the DSA
+   top-k; mla_decode_attend: attention over the selected latent rows, W_uv, o_proj, the residual and the
+   post-attention norm) and its MLP or MoE as one (ffn_decode). Each weight is streamed once for all rows.
+   Activations are fp32; in a bf16 model every value the torch path holds in bf16 is rounded to bf16 at the same
+   point (`act`), so the two paths agree up to summation order. Keys are read where the cache holds them. */
+
+typedef struct {  /* a weight [rows, cols] of type `type` (per head: head_stride elements apart); int8 row scales */
+    const void *w; const float *scale; int64_t type, rows, cols, head_stride, scale_head_stride;
+} Mat;
+
+typedef struct {
+    int64_t hidden, q_lora, rank, rope, nope, v_dim, heads, idx_heads, idx_dim, topk, own_indexer, act_bf16, vec_bf16;
+    float eps, eps_q, eps_kv, eps_idx, scale, idx_weight_scale;
+    Mat w_in, w_iw, w_q, w_uk, w_uv, w_o;  /* w_iw.w NULL: the indexer head weights are w_in's last rows */
+    const void *n_in, *n_q, *n_kv, *n_post, *ln_w, *ln_b;  /* norm weights (bf16 if vec_bf16), LayerNorm bias */
+} MlaLayer;
+
+typedef struct {  /* a layer's cache: key i of row r is slot table[row_base[r] + i] (no table: row_base[r] + i) */
+    void *kv, *pe, *ik;
+    int64_t kv_stride, pe_stride, ik_stride, kv_bf16, ik_bf16;
+    const int64_t *table, *row_base, *row_keys, *write;
+} CacheRows;
+
+static inline int64_t slot_of(const CacheRows *c, int64_t r, int64_t i) {
+    return c->table ? c->table[c->row_base[r] + i] : c->row_base[r] + i;
+}
+static inline float vec_at(const void *v, int bf16, int64_t i) {
+    return bf16 ? widen_bf16(((const uint16_t *)v)[i]) : ((const float *)v)[i];
+}
+static inline float act1(float f, int bf16) { return bf16 ? widen_bf16(round_bf16(f)) : f; }
+static void act(float *x, int64_t n, int bf16) { if (bf16) for (int64_t i = 0; i < n; i++) x[i] = act1(x[i], 1); }
+static void load_row(const void *src, int bf16, int64_t n, float *dst) {
+    if (!bf16) { memcpy(dst, src, n * sizeof(float)); return; }
+    for (int64_t i = 0; i < n; i++) dst[i] = widen_bf16(((const uint16_t *)src)[i]);
+}
+static void store_row(const float *src, int bf16, int64_t n, void *dst) {
+    if (!bf16) { memcpy(dst, src, n * sizeof(float)); return; }
+    for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = round_bf16(src[i]);
+}
+static inline void *row_at(void *base, int64_t row, int64_t stride, int bf16) {
+    return (char *)base + row * stride * (bf16 ? 2 : 4);
+}
+/* RMSNorm as norm.py: fp32 statistics; in bf16 the normalised row and the weight product are each rounded. */
+static void rmsnorm(const float *x, int64_t dim, const void *w, int bf16, float eps, float *y) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < dim; i++) ss += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int64_t i = 0; i < dim; i++) y[i] = act1(vec_at(w, bf16, i) * act1(x[i] * inv, bf16), bf16);
+}
+static void layernorm(const float *x, int64_t dim, const void *w, const void *b, int bf16, float eps, float *y) {
+    float mean = 0.0f, var = 0.0f;
+    for (int64_t i = 0; i < dim; i++) mean += x[i];
+    mean /= (float)dim;
+    for (int64_t i = 0; i < dim; i++) var += (x[i] - mean) * (x[i] - mean);
+    const float inv = 1.0f / sqrtf(var / (float)dim + eps);
+    for (int64_t i = 0; i < dim; i++) y[i] = act1((x[i] - mean) * inv * vec_at(w, bf16, i) + vec_at(b, bf16, i), bf16);
+}
+/* Interleaved pairs (x[2i], x[2i+1]) times the complex rot[i] (its scale included), i < pairs. */
+static void rope_pairs(float *x, const float *rot, int64_t pairs, int bf16) {
+    for (int64_t i = 0; i < pairs; i++) {
+        const float a = x[2 * i], b = x[2 * i + 1], c = rot[2 * i], s = rot[2 * i + 1];
+        x[2 * i] = act1(a * c - b * s, bf16);
+        x[2 * i + 1] = act1(a * s + b * c, bf16);
+    }
+}
+/* y [n, m->rows] = x [n, m->cols] times head `head` of m, transposed; x rows x_stride apart, y rows y_stride apart. */
+static int mat_rows(const Mat *m, int64_t head, const float *x, int64_t x_stride, int64_t n, float *y, int64_t y_stride) {
+    const int copy_x = x_stride != m->cols, copy_y = y_stride != m->rows;
+    float *tmp = copy_x || copy_y ? malloc(sizeof(float) * n * (m->cols + m->rows)) : NULL;
+    if ((copy_x || copy_y) && !tmp) return -1;
+    const float *xi = x;
+    if (copy_x) {
+        for (int64_t r = 0; r < n; r++) memcpy(tmp + r * m->cols, x + r * x_stride, m->cols * sizeof(float));
+        xi = tmp;
+    }
+    float *yo = copy_y ? tmp + n * m->cols : y;
+    rows_times_weight(xi, n, (const char *)m->w + head * m->head_stride * w_size((int)m->type),
+                      m->scale ? m->scale + head * m->scale_head_stride : NULL, (int)m->type, m->rows, m->cols, yo);
+    if (copy_y)
+        for (int64_t r = 0; r < n; r++) memcpy(y + r * y_stride, yo + r * m->rows, m->rows * sizeof(float));
+    free(tmp);
+    return 0;
+}
+static inline float dot(const float *a, const float *b, int64_t n) {
+    v16 acc = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) acc += load_f32(a + i) * load_f32(b + i);
+    float s = hsum16(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+/* The k best of s[0..n) as ascending slots into out (k < n). Returns 1, writing nothing, when the k-th score is tied
+   beyond the places left: which tied keys win is then torch.topk's choice, made by the caller. */
+static int top_slots(const float *s, int64_t n, int64_t k, float *work, int64_t *out) {
+    memcpy(work, s, n * sizeof(float));
+    qsort(work, n, sizeof(float), cmp_desc);
+    const float kth = work[k - 1];
+    int64_t above = 0, equal = 0;
+    for (int64_t i = 0; i < n; i++) { above += s[i] > kth; equal += s[i] == kth; }
+    if (above + equal > k) return 1;
+    for (int64_t i = 0, j = 0; i < n; i++) if (s[i] >= kth) out[j++] = i;
+    return 0;
+}
+
+/* Phase one (n <= MAX_ROWS rows). h [n, hidden] in the model dtype; rot [n, rope/2] complex; state [n, heads,
+   rank + rope] receives the absorbed, roped queries. The new kv / k_pe / indexer key of each row go to its write
+   slot. With an own indexer: slots [n, topk] its selection (ascending, -1 pads) and, for a row whose k-th score is
+   tied, tied[r] = 1 and its index scores in scores [n, score_stride]. Returns the number of tied rows, -1 if out of
+   memory. */
+int64_t mla_decode_select(const MlaLayer *L, const CacheRows *c, int64_t n, const void *h, const float *rot,
+                          float *state, int64_t *slots, float *scores, int64_t score_stride, uint8_t *tied) {
+    const int b16 = (int)L->act_bf16, vb = (int)L->vec_bf16;
+    const int64_t H = L->heads, qk = L->nope + L->rope, dq = L->rank + L->rope, ih = L->idx_heads, id = L->idx_dim;
+    const int64_t D = L->hidden, n_in = L->w_in.rows, n_q = L->w_q.rows, P = L->rope / 2;
+    const int64_t kv_at = L->q_lora, pe_at = kv_at + L->rank, ik_at = pe_at + L->rope;
+    float *buf = malloc(sizeof(float) * n * (2 * D + n_in + L->q_lora + n_q + ih * id + ih + H * L->rank + id));
+    if (!buf) return -1;
+    float *hf = buf, *x = hf + n * D, *y = x + n * D, *qr = y + n * n_in, *z = qr + n * L->q_lora;
+    float *iq = z + n * n_q, *iw = iq + n * ih * id, *lat = iw + n * ih, *key = lat + n * H * L->rank;
+    for (int64_t r = 0; r < n; r++) {
+        load_row(row_at((void *)h, r, D, b16), b16, D, hf + r * D);
+        rmsnorm(hf + r * D, D, L->n_in, vb, L->eps, x + r * D);
+    }
+    mat_rows(&L->w_in, 0, x, D, n, y, n_in);
+    act(y, n * n_in, b16);
+    for (int64_t r = 0; r < n; r++) {
+        float *yr = y + r * n_in;
+        rmsnorm(yr, L->q_lora, L->n_q, vb, L->eps_q, qr + r * L->q_lora);
+        float kvn[L->rank];
+        rmsnorm(yr + kv_at, L->rank, L->n_kv, vb, L->eps_kv, kvn);
+        store_row(kvn, (int)c->kv_bf16, L->rank, row_at(c->kv, c->write[r], c->kv_stride, (int)c->kv_bf16));
+        rope_pairs(yr + pe_at, rot + r * L->rope, P, b16);
+        store_row(yr + pe_at, (int)c->kv_bf16, L->rope, row_at(c->pe, c->write[r], c->pe_stride, (int)c->kv_bf16));
+    }
+    mat_rows(&L->w_q, 0, qr, L->q_lora, n, z, n_q);
+    act(z, n * n_q, b16);
+    for (int64_t hd = 0; hd < H; hd++)  /* absorb W_uk: one pass over each head's weight for all rows */
+        mat_rows(&L->w_uk, hd, z + hd * qk, n_q, n, lat + hd * L->rank, H * L->rank);
+    act(lat, n * H * L->rank, b16);
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t hd = 0; hd < H; hd++) {
+            float *st = state + (r * H + hd) * dq;
+            memcpy(st, lat + (r * H + hd) * L->rank, L->rank * sizeof(float));
+            memcpy(st + L->rank, z + r * n_q + hd * qk + L->nope, L->rope * sizeof(float));
+            rope_pairs(st + L->rank, rot + r * L->rope, P, b16);
+        }
+    if (!L->own_indexer) { free(buf); return 0; }
+    if (L->w_iw.w) mat_rows(&L->w_iw, 0, x, D, n, iw, ih);
+    for (int64_t r = 0; r < n; r++) {
+        float *k = y + r * n_in + ik_at;
+        layernorm(k, id, L->ln_w, L->ln_b, vb, L->eps_idx, key);
+        rope_pairs(key, rot + r * L->rope, P, b16);
+        store_row(key, (int)c->ik_bf16, id, row_at(c->ik, c->write[r], c->ik_stride, (int)c->ik_bf16));
+        for (int64_t hd = 0; hd < ih; hd++) {
+            float *q = iq + (r * ih + hd) * id;
+            memcpy(q, z + r * n_q + H * qk + hd * id, id * sizeof(float));
+            rope_pairs(q, rot + r * L->rope, P, b16);
+            const float w = L->w_iw.w ? iw[r * ih + hd] : k[id + hd];  /* fused: after the key's rows */
+            iw[r * ih + hd] = w * L->idx_weight_scale;
+        }
+    }
+    int64_t n_tied = 0;
+    for (int64_t r = 0; r < n; r++) {  /* scored after every new key is in the cache */
+        const int64_t nk = c->row_keys[r];
+        int64_t *out = slots + r * L->topk;
+        tied[r] = 0;
+        for (int64_t j = 0; j < L->topk; j++) out[j] = j < nk ? j : -1;
+        if (nk <= L->topk) continue;
+        float *s = scores + r * score_stride, *work = malloc(sizeof(float) * nk);
+        if (!work) { n_tied = -1; break; }
+        for (int64_t i = 0; i < nk; i++) {
+            const void *kr = row_at(c->ik, slot_of(c, r, i), c->ik_stride, (int)c->ik_bf16);
+            if (c->ik_bf16) load_row(kr, 1, id, key);
+            const float *kf = c->ik_bf16 ? key : (const float *)kr;
+            float sc = 0.0f;
+            for (int64_t hd = 0; hd < ih; hd++) {
+                const float d = dot(iq + (r * ih + hd) * id, kf, id);
+                sc += iw[r * ih + hd] * (d > 0.0f ? d : 0.0f);
+            }
+            s[i] = sc;
+        }
+        if (top_slots(s, nk, L->topk, work, out)) { tied[r] = 1; n_tied++; }
+        free(work);
+    }
+    free(buf);
+    return n_tied;
+}
+
+/* Phase two: each row attends over its selected keys (slots [n, n_slots], -1 unused; NULL: every key it sees), then
+   W_uv and o_proj; h (in place, model dtype) += o_proj(o); x [n, hidden] fp32 = the post-attention norm of h.
+   Returns 0, or -1 if out of memory. */
+int mla_decode_attend(const MlaLayer *L, const CacheRows *c, int64_t n, void *h, const float *state,
+                      const int64_t *slots, int64_t n_slots, float *x) {
+    const int b16 = (int)L->act_bf16;
+    const int64_t H = L->heads, dq = L->rank + L->rope, D = L->hidden, R = L->rank;
+    int64_t most = n_slots;
+    for (int64_t r = 0; r < n && !slots; r++) most = c->row_keys[r] > most ? c->row_keys[r] : most;
+    float *buf = malloc(sizeof(float) * (H * most + n * H * R + n * H * L->v_dim + n * D + dq + 16));
+    if (!buf) return -1;
+    float *sc = buf, *ol = sc + H * most, *ov = ol + n * H * R, *a = ov + n * H * L->v_dim, *key = a + n * D;
+    memset(ol, 0, sizeof(float) * n * H * R);
+    for (int64_t r = 0; r < n; r++) {
+        const float *q = state + r * H * dq;
+        const int64_t nk = slots ? n_slots : c->row_keys[r];
+        int64_t used = 0;
+        for (int64_t j = 0; j < nk; j++) {  /* scores, key-major: each key row is read once for all heads */
+            const int64_t i = slots ? slots[r * n_slots + j] : j;
+            if (i < 0) continue;
+            const int64_t s = slot_of(c, r, i);
+            load_row(row_at(c->kv, s, c->kv_stride, (int)c->kv_bf16), (int)c->kv_bf16, R, key);
+            load_row(row_at(c->pe, s, c->pe_stride, (int)c->kv_bf16), (int)c->kv_bf16, L->rope, key + R);
+            for (int64_t hd = 0; hd < H; hd++) sc[hd * most + used] = dot(q + hd * dq, key, dq) * L->scale;
+            used++;
+        }
+        for (int64_t hd = 0; hd < H; hd++) {  /* softmax in fp32, probabilities rounded as the torch path's */
+            float *p = sc + hd * most, m = -INFINITY, sum = 0.0f;
+            for (int64_t j = 0; j < used; j++) m = p[j] > m ? p[j] : m;
+            for (int64_t j = 0; j < used; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
+            for (int64_t j = 0; j < used; j++) p[j] = act1(p[j] / sum, b16);
+        }
+        for (int64_t j = 0, u = 0; j < nk; j++) {  /* o_lat[h] = sum_j p[h, j] kv_j */
+            const int64_t i = slots ? slots[r * n_slots + j] : j;
+            if (i < 0) continue;
+            load_row(row_at(c->kv, slot_of(c, r, i), c->kv_stride, (int)c->kv_bf16), (int)c->kv_bf16, R, key);
+            for (int64_t hd = 0; hd < H; hd++) {
+                const float p = sc[hd * most + u];
+                float *o = ol + (r * H + hd) * R;
+                for (int64_t t = 0; t < R; t++) o[t] += p * key[t];
+            }
+            u++;
+        }
+    }
+    act(ol, n * H * R, b16);
+    for (int64_t hd = 0; hd < H; hd++)  /* un-absorb W_uv, one pass over each head's weight for all rows */
+        mat_rows(&L->w_uv, hd, ol + hd * R, H * R, n, ov + hd * L->v_dim, H * L->v_dim);
+    act(ov, n * H * L->v_dim, b16);
+    mat_rows(&L->w_o, 0, ov, H * L->v_dim, n, a, D);
+    for (int64_t r = 0; r < n; r++) {
+        void *hr = row_at(h, r, D, b16);
+        float *hf = x + r * D;  /* the new residual, then normed in place through a copy */
+        float res[D];
+        load_row(hr, b16, D, res);
+        for (int64_t t = 0; t < D; t++) res[t] = act1(res[t] + act1(a[r * D + t], b16), b16);
+        store_row(res, b16, D, hr);
+        rmsnorm(res, D, L->n_post, (int)L->vec_bf16, L->eps, hf);
+    }
+    free(buf);
+    return 0;
+}
+
+typedef struct {
+    int64_t hidden, n_experts, top_k, n_group, topk_group, inter, norm_topk, softmax_router, act_bf16, wtype;
+    float scaling;
+    Mat router;  /* [n_experts, hidden]; router.w NULL: a dense MLP layer (only `shared` below) */
+    const float *bias;  /* e_score_correction_bias [n_experts], fp32 */
+    const void *gate_up, *down;  /* routed experts [E, 2 * inter, hidden], [E, hidden, inter] of wtype */
+    const float *gu_scale, *down_scale;  /* their int8 row scales, else NULL */
+    Mat s_gu, s_down;  /* shared experts or the dense MLP: [2 * I, hidden], [hidden, I]; s_gu.w NULL: none */
+} FfnLayer;
+
+/* The experts a router picks for one row: chosen[top_k] experts, gates[top_k] weights (router.py's Router). */
+static void route(const FfnLayer *F, const float *logits, int64_t *chosen, float *gates) {
+    const int64_t E = F->n_experts, k = F->top_k;
+    float s[E], pick[E];
+    if (F->softmax_router) {
+        float m = -INFINITY, sum = 0.0f;
+        for (int64_t e = 0; e < E; e++) m = logits[e] > m ? logits[e] : m;
+        for (int64_t e = 0; e < E; e++) { s[e] = expf(logits[e] - m); sum += s[e]; }
+        for (int64_t e = 0; e < E; e++) pick[e] = s[e] /= sum;
+    } else {
+        for (int64_t e = 0; e < E; e++) { s[e] = 1.0f / (1.0f + expf(-logits[e])); pick[e] = s[e] + F->bias[e]; }
+        if (F->n_group > 1) {  /* keep the topk_group groups whose two best scores sum highest */
+            const int64_t G = F->n_group, per = E / G;
+            float best[G];
+            for (int64_t g = 0; g < G; g++) {
+                float a = -INFINITY, b = -INFINITY;
+                for (int64_t e = g * per; e < (g + 1) * per; e++) {
+                    if (pick[e] > a) { b = a; a = pick[e]; } else if (pick[e] > b) b = pick[e];
+                }
+                best[g] = a + b;
+            }
+            for (int64_t t = 0; t < G - F->topk_group; t++) {  /* drop the worst groups */
+                int64_t worst = -1;
+                for (int64_t g = 0; g < G; g++) if (best[g] != INFINITY && (worst < 0 || best[g] < best[worst])) worst = g;
+                best[worst] = INFINITY;
+                for (int64_t e = worst * per; e < (worst + 1) * per; e++) pick[e] = -INFINITY;
+            }
+        }
+    }
+    float total = 0.0f;
+    for (int64_t t = 0; t < k; t++) {  /* k argmaxes: k <= 8 of at most a few hundred experts */
+        int64_t b = -1;
+        for (int64_t e = 0; e < E; e++) if (pick[e] != -INFINITY - 0.0f * e && (b < 0 || pick[e] > pick[b])) b = e;
+        chosen[t] = b;
+        gates[t] = s[b];
+        pick[b] = -INFINITY;
+        total += s[b];
+    }
+    for (int64_t t = 0; t < k; t++) gates[t] = (F->norm_topk ? gates[t] / (total + 1e-20f) : gates[t]) * F->scaling;
+}
+
+/* The SwiGLU of one weight set over rows xs [n, hidden] (n <= MAX_ROWS) into ys [n, hidden], rounded as the torch
+   path's output (its activation stays fp32, as experts_swiglu's). */
+static void swiglu_rows(const Mat *gu, const Mat *dn, const float *xs, int64_t n, float *work, float *ys, int bf16) {
+    const int64_t I = dn->cols;
+    mat_rows(gu, 0, xs, gu->cols, n, work, gu->rows);
+    float *a = work + n * 2 * I;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t i = 0; i < I; i++) {
+            const float g = work[r * 2 * I + i], u = work[r * 2 * I + I + i];
+            a[r * I + i] = g / (1.0f + expf(-g)) * u;
+        }
+    mat_rows(dn, 0, a, I, n, ys, dn->rows);
+    act(ys, n * dn->rows, bf16);
+}
+
+/* The MLP half of a decoder layer for n <= MAX_ROWS rows: x [n, hidden] fp32 (the post-attention norm), h [n,
+   hidden] in the model dtype, updated in place: h += routed experts (router, top-k, gates) + shared experts, or
+   h += the dense MLP. Returns 0, or -1 if out of memory. */
+int ffn_decode(const FfnLayer *F, int64_t n, void *h, const float *x) {
+    const int b16 = (int)F->act_bf16;
+    const int64_t D = F->hidden, E = F->n_experts, k = F->top_k;
+    const int64_t I = F->inter > F->s_down.cols ? F->inter : F->s_down.cols;
+    float *buf = malloc(sizeof(float) * (2 * n * D + MAX_ROWS * (D + 3 * I + D) + n * (E + 2 * k) + 1));
+    if (!buf) return -1;
+    float *out = buf, *shared = out + n * D, *xs = shared + n * D, *work = xs + MAX_ROWS * D;
+    float *ys = work + MAX_ROWS * 3 * I, *logits = ys + MAX_ROWS * D, *gates = logits + n * E;
+    int64_t chosen[n * k + 1];
+    memset(out, 0, sizeof(float) * n * D);
+    if (F->router.w) {
+        mat_rows(&F->router, 0, x, D, n, logits, E);
+        for (int64_t r = 0; r < n; r++) route(F, logits + r * E, chosen + r * k, gates + r * k);
+        for (int64_t e = 0; e < E; e++) {  /* each hit expert once, over all its rows */
+            int64_t rows[MAX_ROWS * 8], slot[MAX_ROWS * 8], m = 0;
+            for (int64_t r = 0; r < n; r++)
+                for (int64_t t = 0; t < k; t++)
+                    if (chosen[r * k + t] == e) { rows[m] = r; slot[m] = r * k + t; memcpy(xs + m * D, x + r * D, D * sizeof(float)); m++; }
+            if (!m) continue;
+            const int64_t sz = w_size((int)F->wtype);
+            const Mat gu = {(const char *)F->gate_up + e * 2 * F->inter * D * sz, F->gu_scale ? F->gu_scale + e * 2 * F->inter : NULL,
+                            F->wtype, 2 * F->inter, D, 0, 0};
+            const Mat dn = {(const char *)F->down + e * D * F->inter * sz, F->down_scale ? F->down_scale + e * D : NULL,
+                            F->wtype, D, F->inter, 0, 0};
+            swiglu_rows(&gu, &dn, xs, m, work, ys, b16);
+            for (int64_t j = 0; j < m; j++)
+                for (int64_t t = 0; t < D; t++) out[rows[j] * D + t] += gates[slot[j]] * ys[j * D + t];
+        }
+        act(out, n * D, b16);
+    }
+    if (F->s_gu.w) {
+        swiglu_rows(&F->s_gu, &F->s_down, x, n, work, shared, b16);
+        for (int64_t i = 0; i < n * D; i++) out[i] = act1(out[i] + shared[i], b16);
+    }
+    for (int64_t r = 0; r < n; r++) {
+        void *hr = row_at(h, r, D, b16);
+        float res[D];
+        load_row(hr, b16, D, res);
+        for (int64_t t = 0; t < D; t++) res[t] = act1(res[t] + out[r * D + t], b16);
+        store_row(res, b16, D, hr);
+    }
+    free(buf);
+    return 0;
 }

@@ -16,6 +16,7 @@ from torch import nn
 
 from openglm.model.attention import MLAttention
 from openglm.model.config import ModelConfig
+from openglm.model.decode_step import DecodePlan
 from openglm.model.errors import TokenIdError
 from openglm.model.gqa import GQAttention
 from openglm.model.masks import key_validity
@@ -181,7 +182,11 @@ class GlmMoeDsaForCausalLM(nn.Module):
         rot = self.model.rotary_emb(position_ids)
         token_mask = attention_mask[:, past:].reshape(-1).bool() if attention_mask is not None else None
         selection, layer_stats = None, []
+        plan = DecodePlan.create(self.model.layers, cache, input_ids, attention_mask, return_aux, h.dtype)
         for layer in self.model.layers:
+            if plan is not None:  # a decode step's few rows: three native calls per layer (decode_step.py)
+                selection = plan.run(layer, h, rot.rope, selection)
+                continue
             if layer.self_attn.indexer is not None:
                 selection = None  # a layer with its own indexer selects anew: free the old slots ([B, T, k]) first
             h, sel, stats = layer(h, rot, key_valid, past, cache, selection, token_mask, return_aux)
@@ -220,7 +225,12 @@ class GlmMoeDsaForCausalLM(nn.Module):
         token_mask = attention_mask[:, past:].reshape(-1).bool() if attention_mask is not None else None
         x = layer.mix(self.model.embed_tokens(next_ids), hidden, position_ids)
         rot = self.model.rotary_emb(position_ids)
-        x, _, stats = layer(x, rot, key_valid, past, cache, None, token_mask, return_aux)
+        plan = DecodePlan.create([layer], cache, next_ids, attention_mask, return_aux, x.dtype)
+        if plan is not None:
+            x, stats = x.contiguous(), None
+            plan.run(layer, x, rot.rope, None)
+        else:
+            x, _, stats = layer(x, rot, key_valid, past, cache, None, token_mask, return_aux)
         logits = self.mtp_logits(x, depth) if return_logits else None
         return logits, x, (self._collect([stats] if stats is not None else [], x) if return_aux else None)
 

@@ -56,7 +56,10 @@ _C = ctypes.c_int
 DECODE_SIGNATURES = {"experts_swiglu": ([_P, _P, _I, _P, _P, _P, _P, _C, _I, _I, _P, _P], None),
                      "rows_linear": ([_P, _I, _P, _P, _C, _C, _I, _I, _P], _C),
                      "heads_linear": ([_P, _I, _I, _P, _P, _C, _I, _I, _I, _I, _P], None),
-                     "rms_norm_bf16": ([_P, _I, _I, _P, _F, _P], None)}
+                     "rms_norm_bf16": ([_P, _I, _I, _P, _F, _P], None),
+                     "mla_decode_select": ([_P, _P, _I, _P, _P, _P, _P, _P, _I, _P], _I),
+                     "mla_decode_attend": ([_P, _P, _I, _P, _P, _P, _I, _P], _C),
+                     "ffn_decode": ([_P, _I, _P, _P], _C)}
 DECODE_MAX_ROWS = 8  # MAX_ROWS in decode_kernels.c: the most rows per weight its kernels take
 HEADS_MAX_WIDTH = 1024  # heads_linear's per-head input and output widths (its stack buffers) are at most this
 

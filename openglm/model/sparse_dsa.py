@@ -131,13 +131,13 @@ def _top_slots(sc, n_top: int):
     rows = sc.reshape(b * nq, tk)
     n_sample = int(PREFILTER_SLACK * n_top / PREFILTER_STRIDE)
     if n_sample < 1 or tk < PREFILTER_MIN_ROW * PREFILTER_STRIDE * n_sample:
-        return _plain_top(rows, n_top).view(b, nq, n_top)
+        return topk_slots(rows, n_top).view(b, nq, n_top)
     out = torch.empty(b * nq, n_top, dtype=torch.long, device=sc.device)
     thr = rows[:, ::PREFILTER_STRIDE].topk(n_sample, dim=-1, sorted=False).values.amin(-1, keepdim=True)
     thr.masked_fill_(thr == float("-inf"), float("inf"))  # too few visible keys: no candidates, plain path
     settled = _prefiltered_top(rows, thr, n_top, out)
     if not bool(settled.all()):
-        out[~settled] = _plain_top(rows[~settled], n_top)
+        out[~settled] = topk_slots(rows[~settled], n_top)
     return out.view(b, nq, n_top)
 
 
@@ -168,7 +168,7 @@ def _prefiltered_top(rows, thr, n_top: int, out) -> torch.Tensor:
     return settled
 
 
-def _plain_top(rows, n_top: int):
+def topk_slots(rows, n_top: int):
     vals, idx = rows.topk(n_top, dim=-1, sorted=False)  # a set: sorted by slot below, not by score
     return idx.masked_fill_(vals == float("-inf"), -1).sort(-1).values
 
@@ -301,7 +301,7 @@ class _Selector:
         reference's, transformers', formulation: one row of Tk scores, -inf where invisible), so that a model
         selects what transformers selects even with exact ties (relu zeros are common with few index heads)."""
         full = F.pad(sc, (0, self.kt.shape[-1] - sc.shape[-1]), value=float("-inf"))
-        return _plain_top(full, self.n_top)
+        return topk_slots(full, self.n_top)
 
     def _tiles(self) -> torch.Tensor:
         """The keys cut into [B, tiles, Di, key_tile] (zero keys pad the last): each tile's matmul reads a
