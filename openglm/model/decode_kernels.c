@@ -141,9 +141,97 @@ static int rows_times_bf16(const float *x, int64_t n, const uint16_t *w, int64_t
 }
 #endif
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define I8_CHUNK 2048  /* int32 sums are moved to fp32 this often: 2048 / 16 products of <= 127 * 32767 per lane */
+/* rows_times_weight for int8 weights with AVX512-VNNI: each x row becomes int16 (x = sx * q, sx = |x|max / 32767)
+   and vpdpwssd multiplies 32 int8-widened weights into int32 sums per instruction, where converting to fp32 and
+   FMAs took eight. A row whose values are not all bf16 (an fp32 model's) also gets the remainder as a second int16
+   part (x = sx * (q + r / 32768)), so the result matches the fp32 product to ~2^-30 of |x|max; a bf16 model's rows
+   keep one part (2^-16 of |x|max, far below bf16's rounding). Returns 0 when it does not apply (k % 32). */
+static int rows_times_i8(const float *x, int64_t n, const int8_t *w, const float *scale, int64_t m, int64_t k, float *y) {
+    if (k % 32) return 0;
+    int16_t *q = malloc(sizeof(int16_t) * 2 * n * k);
+    if (!q) return 0;
+    float sx[MAX_ROWS];
+    int two = 0;
+    for (int64_t r = 0; r < n; r++) {
+        float amax = 0.0f;
+        for (int64_t i = 0; i < k; i++) {
+            const float a = fabsf(x[r * k + i]);
+            amax = a > amax ? a : amax;
+            uint32_t u; memcpy(&u, x + r * k + i, 4);
+            two |= (u & 0xffff) != 0;
+        }
+        sx[r] = amax > 0.0f ? amax / 32767.0f : 0.0f;
+        const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        for (int64_t i = 0; i < k; i++) {
+            const float v = x[r * k + i] * inv, hi = nearbyintf(v);
+            q[r * k + i] = (int16_t)hi;
+            q[n * k + r * k + i] = (int16_t)nearbyintf((v - hi) * 32768.0f);
+        }
+    }
+    int64_t j = 0;
+    for (; j + 4 <= m && n == 1; j += 4) {  /* one row: four weight rows at once, four independent sum chains */
+        const int8_t *wr = w + j * k;
+        __builtin_prefetch(wr + 16 * k);
+        __m512 accf[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int64_t c = 0; c < k; c += I8_CHUNK) {
+            const int64_t end = c + I8_CHUNK < k ? c + I8_CHUNK : k;
+            __m512i hi[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+            __m512i lo[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+            for (int64_t d = c; d < end; d += 32) {
+                const __m512i xh = _mm512_loadu_si512(q + d), xl = _mm512_loadu_si512(q + k + d);
+                for (int b = 0; b < 4; b++) {
+                    const __m512i wv = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wr + b * k + d)));
+                    hi[b] = _mm512_dpwssd_epi32(hi[b], wv, xh);
+                    if (two) lo[b] = _mm512_dpwssd_epi32(lo[b], wv, xl);
+                }
+            }
+            for (int b = 0; b < 4; b++) {
+                accf[b] = _mm512_add_ps(accf[b], _mm512_cvtepi32_ps(hi[b]));
+                if (two) accf[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[b]), _mm512_set1_ps(1.0f / 32768.0f), accf[b]);
+            }
+        }
+        for (int b = 0; b < 4; b++) y[j + b] = _mm512_reduce_add_ps(accf[b]) * sx[0] * scale[j + b];
+    }
+    for (; j < m; j++) {
+        const int8_t *wr = w + j * k;
+        __builtin_prefetch(wr + 8 * k);
+        __m512 accf[MAX_ROWS];
+        for (int64_t r = 0; r < n; r++) accf[r] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < k; c += I8_CHUNK) {
+            const int64_t end = c + I8_CHUNK < k ? c + I8_CHUNK : k;
+            __m512i hi[MAX_ROWS], lo[MAX_ROWS];
+            for (int64_t r = 0; r < n; r++) { hi[r] = _mm512_setzero_si512(); lo[r] = _mm512_setzero_si512(); }
+            for (int64_t d = c; d < end; d += 32) {
+                const __m512i wv = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wr + d)));
+                for (int64_t r = 0; r < n; r++) {
+                    hi[r] = _mm512_dpwssd_epi32(hi[r], wv, _mm512_loadu_si512(q + r * k + d));
+                    if (two) lo[r] = _mm512_dpwssd_epi32(lo[r], wv, _mm512_loadu_si512(q + n * k + r * k + d));
+                }
+            }
+            for (int64_t r = 0; r < n; r++) {
+                accf[r] = _mm512_add_ps(accf[r], _mm512_cvtepi32_ps(hi[r]));
+                if (two) accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[r]), _mm512_set1_ps(1.0f / 32768.0f), accf[r]);
+            }
+        }
+        for (int64_t r = 0; r < n; r++) y[r * m + j] = _mm512_reduce_add_ps(accf[r]) * sx[r] * scale[j];
+    }
+    free(q);
+    return 1;
+}
+#else
+static int rows_times_i8(const float *x, int64_t n, const int8_t *w, const float *scale, int64_t m, int64_t k, float *y) {
+    (void)x; (void)n; (void)w; (void)scale; (void)m; (void)k; (void)y;
+    return 0;
+}
+#endif
+
 static void rows_times_weight(const float *x, int64_t n, const void *w, const float *scale, int wtype, int64_t m,
                               int64_t k, float *y) {  /* one specialised copy per weight type */
     if (wtype == W_BF16 && rows_times_bf16(x, n, w, m, k, y)) return;
+    if (wtype == W_I8 && rows_times_i8(x, n, w, scale, m, k, y)) return;
     if (wtype == W_BF16) rows_times_weight_t(x, n, w, scale, W_BF16, m, k, y);
     else if (wtype == W_I8) rows_times_weight_t(x, n, w, scale, W_I8, m, k, y);
     else rows_times_weight_t(x, n, w, scale, W_F32, m, k, y);
@@ -311,16 +399,27 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-static int cmp_desc(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return (x < y) - (x > y);
+/* The k-th largest of a[0..n) (1 <= k <= n), reordering a: quickselect, expected O(n) (a sort of 64K scores took
+   ~5 ms a layer). NaN-free input. */
+static float kth_largest(float *a, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1, want = k - 1;
+    while (lo < hi) {
+        const float pivot = a[lo + (hi - lo) / 2];
+        int64_t i = lo, j = hi;
+        while (i <= j) {  /* descending: larger values to the left */
+            while (a[i] > pivot) i++;
+            while (a[j] < pivot) j--;
+            if (i <= j) { const float t = a[i]; a[i] = a[j]; a[j] = t; i++; j--; }
+        }
+        if (want <= j) hi = j; else if (want >= i) lo = i; else return a[want];
+    }
+    return a[want];
 }
 /* The k best of s[0..n) as ascending slots into out (k < n). Returns 1, writing nothing, when the k-th score is tied
    beyond the places left: which tied keys win is then torch.topk's choice, made by the caller. */
 static int top_slots(const float *s, int64_t n, int64_t k, float *work, int64_t *out) {
     memcpy(work, s, n * sizeof(float));
-    qsort(work, n, sizeof(float), cmp_desc);
-    const float kth = work[k - 1];
+    const float kth = kth_largest(work, n, k);
     int64_t above = 0, equal = 0;
     for (int64_t i = 0; i < n; i++) { above += s[i] > kth; equal += s[i] == kth; }
     if (above + equal > k) return 1;
