@@ -35,7 +35,8 @@ import torch
 from machine import cpu_model, isa, matmul_peak, median_time, memory_bandwidth  # benchmarks/ is on sys.path
 from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig
 from openglm.model.moe import MLP, MoE
-from openglm.model.native import decode_kernels, dsa_kernels
+from openglm.model.decode_step import DecodePlan
+from openglm.model.native import decode_paths, dsa_kernels
 from openglm.model.params import parameter_report
 
 
@@ -189,6 +190,17 @@ def kernels_used(fn, top: int = 4) -> str:
     return f"top ops: {ops} | oneDNN: {onednn}"
 
 
+def decode_kernels_used(model, prompt) -> str:
+    """`kernels_used` of two decode steps (the prompt's prefill runs before, unprofiled), and whether the steps
+    ran the native decode layers (`model/decode_step.py`) or the torch ops."""
+    cache = DynamicCache()
+    model(prompt, cache=cache)
+    tok = prompt[:, -1:]
+    native = DecodePlan.create(model.model.layers, cache, tok, None, False, model.dtype) is not None
+    path = f"decode_step: {'native, 3 C calls per layer' if native else 'torch ops'}"
+    return f"{path} | {kernels_used(lambda: [model(tok, cache=cache) for _ in range(2)])}"
+
+
 def _with_onednn_verbose(fn) -> None:
     with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
         fn()
@@ -215,7 +227,7 @@ def measure(cfg: ModelConfig, shapes: Shapes, dtype, args, limits: dict) -> tupl
             moved = step_bytes(cfg, batch, ctx, elem) * shapes.decode_steps
             rows.append(row(f"decode b{batch}", name, batch * shapes.decode_steps, ctx, times, cfg, limits, moved))
             if batch == shapes.decode_batches[0]:
-                kernels.append((f"decode b{batch}", name, kernels_used(decode_runner(ours, prompt, 2, False))))
+                kernels.append((f"decode b{batch}", name, decode_kernels_used(ours, prompt)))
     return rows, kernels
 
 
@@ -234,7 +246,7 @@ def row(phase, dtype, tokens, ctx, times, cfg, limits, moved) -> dict:
 def print_tables(cfg_name, cfg, shapes, limits, rows, kernels, moe_rows) -> None:
     r = parameter_report(cfg)
     print(f"CPU: {cpu_model()} ({isa()}); {torch.get_num_threads()} thread(s)")
-    print(f"native kernels: DSA {'built' if dsa_kernels() else 'off'}, decode {'built' if decode_kernels() else 'off'}")
+    print(f"native kernels: DSA {'built' if dsa_kernels() else 'off'}, decode {decode_paths()}")
     print(f"limits (same run): streaming read {limits['bandwidth'] / 1e9:.1f} GB/s; matmul peak "
           + ", ".join(f"{k.removeprefix('peak_')} {v / 1e9:.0f} GFLOP/s" for k, v in limits.items() if k != "bandwidth"))
     print(f"{cfg_name} preset: {r['total_params'] / 1e6:,.1f}M params ({r['active_params'] / 1e6:,.1f}M active); "

@@ -269,6 +269,19 @@ static void rows_times_weight(const float *x, int64_t n, const void *w, const fl
     else rows_times_weight_t(x, n, w, scale, W_F32, m, k, y);
 }
 
+/* Which instruction paths this build compiled (-march=native): 1 = bf16 weights through AVX512-BF16 dot products,
+   2 = int8 weights through AVX512-VNNI; otherwise the portable vector code widens each weight to fp32. */
+int decode_features(void) {
+    int f = 0;
+#if defined(__AVX512BF16__)
+    f |= 1;
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    f |= 2;
+#endif
+    return f;
+}
+
 /* SwiGLU of the experts over their rows: xs [rows, h] fp32 sorted by expert, counts [n_experts] rows each
    (each <= MAX_ROWS); gate_up [n_experts, 2 * inter, h] (gate rows first), down [n_experts, h, inter], both of
    wtype; for int8 their row scales gu_scale [n_experts, 2 * inter] and down_scale [n_experts, h] (else NULL);
@@ -450,13 +463,93 @@ static float kth_largest(float *a, int64_t n, int64_t k) {
 /* The k best of s[0..n) as ascending slots into out (k < n). Returns 1, writing nothing, when the k-th score is tied
    beyond the places left: which tied keys win is then torch.topk's choice, made by the caller. */
 static int top_slots(const float *s, int64_t n, int64_t k, float *work, int64_t *out) {
-    memcpy(work, s, n * sizeof(float));
-    const float kth = kth_largest(work, n, k);
+    float kth;
+    int64_t m = 0;
+    if (n >= 32 * k) {  /* a long row: select among the scores above a bound taken from every 8th score */
+        for (int64_t i = 0; i < n; i += 8) work[m++] = s[i];
+        const float bound = kth_largest(work, m, 2 * k / 8 + 1);  /* ~ the 2k-th largest of the row: below the k-th */
+        m = 0;
+        for (int64_t i = 0; i < n; i++) if (s[i] >= bound) work[m++] = s[i];
+    }
+    if (m >= k) kth = kth_largest(work, m, k);  /* every score >= the k-th is >= the bound: all are in work */
+    else { memcpy(work, s, n * sizeof(float)); kth = kth_largest(work, n, k); }
     int64_t above = 0, equal = 0;
     for (int64_t i = 0; i < n; i++) { above += s[i] > kth; equal += s[i] == kth; }
     if (above + equal > k) return 1;
     for (int64_t i = 0, j = 0; i < n; i++) if (s[i] >= kth) out[j++] = i;
     return 0;
+}
+
+/* out[i] = the sum of a[i]'s 16 lanes, for 16 vectors at once: a transpose-and-add tree of 15 shuffle-add steps
+   where 16 separate horizontal sums take ~100 instructions. */
+static inline v16 hsum16x16(const v16 *a) {
+    v16 t[8], u[4], v[2];
+    for (int p = 0; p < 8; p++)
+        t[p] = __builtin_shufflevector(a[2 * p], a[2 * p + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+             + __builtin_shufflevector(a[2 * p], a[2 * p + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int p = 0; p < 4; p++)
+        u[p] = __builtin_shufflevector(t[2 * p], t[2 * p + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+             + __builtin_shufflevector(t[2 * p], t[2 * p + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    for (int p = 0; p < 2; p++)
+        v[p] = __builtin_shufflevector(u[2 * p], u[2 * p + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
+             + __builtin_shufflevector(u[2 * p], u[2 * p + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return __builtin_shufflevector(v[0], v[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+         + __builtin_shufflevector(v[0], v[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+/* The indexer's score of each of row r's nk keys: s[i] = sum_h iw[h] relu(q_h . k_i), q [ih, id], keys read where
+   the cache holds them. (key, head) dot products go 16 at a time through `hsum16x16` when id is a multiple of 16
+   and ih divides 16 (or 16 divides ih); the scan over every cached key is what grows a long context's step. */
+static void index_scores(const CacheRows *c, int64_t r, int64_t nk, const float *q, const float *iw, int64_t ih,
+                         int64_t id, float *s) {
+    const int b16 = (int)c->ik_bf16;
+    const int blocked = id % 16 == 0 && (16 % ih == 0 || ih % 16 == 0);
+    const int64_t per = blocked ? (ih >= 16 ? 1 : 16 / ih) : 1;  /* keys per group of 16 (key, head) pairs */
+    float kb[16 * id];
+    int key_of[16], head_of[16];  /* pair p of a group: (key p / heads-per-group, head p % heads-per-group) */
+    for (int p = 0; p < 16; p++) { key_of[p] = p / (int)(16 / per); head_of[p] = p % (int)(16 / per); }
+    v16 wpat[ih / 16 + 1];  /* the head weight of each pair, per block of 16 heads */
+    for (int64_t h0 = 0; h0 < ih && blocked; h0 += 16 / per)
+        for (int p = 0; p < 16; p++) wpat[h0 / 16][p] = iw[h0 + head_of[p]];
+    int64_t i = 0;
+    for (; blocked && i + per <= nk; i += per) {
+        const float *k[16];
+        if (i + 64 < nk)  /* every cache line of the keys 64 ahead: slots need not be adjacent (paged) */
+            for (int64_t t = 0; t < per; t++)
+                for (int64_t byte = 0; byte < id * (b16 ? 2 : 4); byte += 64)
+                    __builtin_prefetch((const char *)row_at(c->ik, slot_of(c, r, i + 64 + t), c->ik_stride, b16) + byte);
+        for (int64_t t = 0; t < per; t++) {
+            const void *kr = row_at(c->ik, slot_of(c, r, i + t), c->ik_stride, b16);
+            if (b16) load_row(kr, 1, id, kb + t * id);
+            k[t] = b16 ? kb + t * id : (const float *)kr;
+        }
+        for (int64_t t = 0; t < per; t++) s[i + t] = 0.0f;
+        for (int64_t h0 = 0; h0 < ih; h0 += 16 / per) {  /* 16 pairs: (key t, head h0 + j) */
+            v16 acc[16];
+            for (int p = 0; p < 16; p++) {
+                const float *kt = k[key_of[p]], *qh = q + (h0 + head_of[p]) * id;
+                v16 a = {0};
+                for (int64_t d = 0; d < id; d += 16) a += load_f32(qh + d) * load_f32(kt + d);
+                acc[p] = a;
+            }
+            v16 dots = hsum16x16(acc);
+            for (int p = 0; p < 16; p++) dots[p] = dots[p] > 0.0f ? dots[p] : 0.0f;  /* relu, then each pair's */
+            dots *= wpat[h0 / 16];                                                      /* head weight */
+            if (per == 1) { s[i] += hsum16(dots); continue; }
+            for (int p = 0; p < 16; p++) s[i + key_of[p]] += dots[p];
+        }
+    }
+    for (; i < nk; i++) {  /* the rest one key at a time */
+        const void *kr = row_at(c->ik, slot_of(c, r, i), c->ik_stride, b16);
+        if (b16) load_row(kr, 1, id, kb);
+        const float *kf = b16 ? kb : (const float *)kr;
+        float sc = 0.0f;
+        for (int64_t hd = 0; hd < ih; hd++) {
+            const float d = dot(q + hd * id, kf, id);
+            sc += iw[hd] * (d > 0.0f ? d : 0.0f);
+        }
+        s[i] = sc;
+    }
 }
 
 /* Phase one (n <= MAX_ROWS rows). h [n, hidden] in the model dtype; rot [n, rope/2] complex; state [n, heads,
@@ -525,17 +618,7 @@ int64_t mla_decode_select(const MlaLayer *L, const CacheRows *c, int64_t n, cons
         if (nk <= L->topk) continue;
         float *s = scores + r * score_stride, *work = malloc(sizeof(float) * nk);
         if (!work) { n_tied = -1; break; }
-        for (int64_t i = 0; i < nk; i++) {
-            const void *kr = row_at(c->ik, slot_of(c, r, i), c->ik_stride, (int)c->ik_bf16);
-            if (c->ik_bf16) load_row(kr, 1, id, key);
-            const float *kf = c->ik_bf16 ? key : (const float *)kr;
-            float sc = 0.0f;
-            for (int64_t hd = 0; hd < ih; hd++) {
-                const float d = dot(iq + (r * ih + hd) * id, kf, id);
-                sc += iw[r * ih + hd] * (d > 0.0f ? d : 0.0f);
-            }
-            s[i] = sc;
-        }
+        index_scores(c, r, nk, iq + r * ih * id, iw + r * ih, ih, id, s);
         if (top_slots(s, nk, L->topk, work, out)) { tied[r] = 1; n_tied++; }
         free(work);
     }

@@ -59,7 +59,8 @@ DECODE_SIGNATURES = {"experts_swiglu": ([_P, _P, _I, _P, _P, _P, _P, _C, _I, _I,
                      "rms_norm_bf16": ([_P, _I, _I, _P, _F, _P], None),
                      "mla_decode_select": ([_P, _P, _I, _P, _P, _P, _P, _P, _I, _P], _I),
                      "mla_decode_attend": ([_P, _P, _I, _P, _P, _P, _I, _P], _C),
-                     "ffn_decode": ([_P, _I, _P, _P], _C)}
+                     "ffn_decode": ([_P, _I, _P, _P], _C),
+                     "decode_features": ([], _C)}
 DECODE_MAX_ROWS = 8  # MAX_ROWS in decode_kernels.c: the most rows per weight its kernels take
 HEADS_MAX_WIDTH = 1024  # heads_linear's per-head input and output widths (its stack buffers) are at most this
 
@@ -74,6 +75,16 @@ def dsa_kernels():
 def decode_kernels():
     """The decode-step expert kernels (a ctypes library), or None, as `dsa_kernels`."""
     return _load("decode", DECODE_SIGNATURES, "OPENGLM_DECODE_NATIVE")
+
+
+def decode_paths() -> str:
+    """Which weight paths the decode kernels were built with (for benchmark tables)."""
+    lib = decode_kernels()
+    if lib is None:
+        return "off (torch ops)"
+    f = lib.decode_features()
+    return ", ".join([("bf16 vdpbf16ps" if f & 1 else "bf16 widened to fp32"),
+                      ("int8 vpdpwssd" if f & 2 else "int8 widened to fp32"), "fp32 FMA"])
 
 
 def _load(name: str, signatures: dict, switch: str):
