@@ -75,9 +75,9 @@ def _mat(w: torch.Tensor, heads: int = 1) -> Mat:
     return Mat(values.data_ptr(), None if scale is None else scale.data_ptr(), wtype, rows, cols, head, scale_head)
 
 
-def _vec(t: torch.Tensor, dtype: torch.dtype) -> int:
-    if t.dtype != dtype or not t.is_contiguous():
-        raise Unsupported("norm weight dtype")
+def _vec(t: torch.Tensor, dtype: torch.dtype, size: int) -> int:
+    if t.dtype != dtype or not t.is_contiguous() or t.numel() != size:
+        raise Unsupported("norm weight")
     return t.data_ptr()
 
 
@@ -95,8 +95,9 @@ def _mla_params(layer) -> tuple[MlaLayerC, list[torch.Tensor]]:
     w_uv = kv_b.view(H, nope + v, rank)[:, nope:]
     ix = attn.indexer
     fused_iw = ix is not None and ix.weights_proj in attn.input_linears()
+    hidden, q_lora = attn.q_a_proj.in_features, attn.q_a_proj.out_features
     p = MlaLayerC(
-        hidden=layer.input_layernorm.weight.numel(), q_lora=attn.q_a_proj.out_features, rank=rank, rope=attn.rope,
+        hidden=hidden, q_lora=q_lora, rank=rank, rope=attn.rope,
         nope=nope, v_dim=v, heads=H, idx_heads=ix.n_heads if ix else 0, idx_dim=ix.head_dim if ix else 0,
         topk=ix.topk if ix else 0, own_indexer=int(ix is not None), act_bf16=int(dtype == torch.bfloat16),
         vec_bf16=int(dtype == torch.bfloat16), eps=layer.input_layernorm.eps, eps_q=attn.q_a_layernorm.eps,
@@ -104,12 +105,25 @@ def _mla_params(layer) -> tuple[MlaLayerC, list[torch.Tensor]]:
         idx_weight_scale=(ix.n_heads ** -0.5 * ix.softmax_scale) if ix else 0.0,
         w_in=_mat(w_in), w_iw=_mat(ix.weights_proj.weight) if ix and not fused_iw else Mat(),
         w_q=_mat(w_q), w_uk=_mat(w_uk, H), w_uv=_mat(w_uv, H), w_o=_mat(attn.o_proj.weight),
-        n_in=_vec(layer.input_layernorm.weight, dtype), n_q=_vec(attn.q_a_layernorm.weight, dtype),
-        n_kv=_vec(attn.kv_a_layernorm.weight, dtype), n_post=_vec(layer.post_attention_layernorm.weight, dtype),
-        ln_w=_vec(ix.k_norm.weight, dtype) if ix else None, ln_b=_vec(ix.k_norm.bias, dtype) if ix else None)
+        n_in=_vec(layer.input_layernorm.weight, dtype, hidden), n_q=_vec(attn.q_a_layernorm.weight, dtype, q_lora),
+        n_kv=_vec(attn.kv_a_layernorm.weight, dtype, rank),
+        n_post=_vec(layer.post_attention_layernorm.weight, dtype, hidden),
+        ln_w=_vec(ix.k_norm.weight, dtype, ix.head_dim) if ix else None,
+        ln_b=_vec(ix.k_norm.bias, dtype, ix.head_dim) if ix else None)
     if attn.rope % 2 or (ix is not None and (ix.head_dim < attn.rope or not ix.k_norm.elementwise_affine)):
         raise Unsupported("rope width")
+    in_rows = q_lora + rank + attn.rope + (p.idx_dim + (p.idx_heads if fused_iw else 0) if ix else 0)
+    _expect(p.w_in, in_rows, hidden), _expect(p.w_q, H * (nope + attn.rope) + p.idx_heads * p.idx_dim, q_lora)
+    _expect(p.w_uk, rank, nope), _expect(p.w_uv, v, rank), _expect(p.w_o, hidden, H * v)
+    if ix is not None and not fused_iw:
+        _expect(p.w_iw, p.idx_heads, hidden)
     return p, [w_in, w_q, w_uk, kv_b]
+
+
+def _expect(m: Mat, rows: int, cols: int) -> None:
+    """The kernels index by the config's sizes: a weight of any other shape never reaches them."""
+    if (m.rows, m.cols) != (rows, cols):
+        raise Unsupported(f"weight of shape {(m.rows, m.cols)}, expected {(rows, cols)}")
 
 
 def _ffn_params(layer) -> tuple[FfnLayerC, list[torch.Tensor]]:
@@ -125,6 +139,7 @@ def _ffn_params(layer) -> tuple[FfnLayerC, list[torch.Tensor]]:
         if gu is None:
             raise Unsupported("no fused gate_up")
         p.s_gu, p.s_down = _mat(gu), _mat(dense.down_proj.weight)
+        _expect(p.s_gu, 2 * p.s_down.cols, p.hidden), _expect(p.s_down, p.hidden, p.s_down.cols)
         keep.append(gu)
     if isinstance(mlp, MoE):
         gate, experts = mlp.gate, mlp.experts
@@ -138,6 +153,12 @@ def _ffn_params(layer) -> tuple[FfnLayerC, list[torch.Tensor]]:
         p.n_experts, p.top_k, p.n_group, p.topk_group = gate.n_experts, gate.top_k, gate.n_group, gate.topk_group
         p.inter, p.norm_topk, p.softmax_router = experts.down_proj.shape[-1], int(gate.norm_topk_prob), int(gate.kind == "softmax")
         p.scaling, p.wtype, p.router = gate.scaling, gu[2], _mat(gate.weight)
+        E, D, inter = gate.n_experts, p.hidden, p.inter
+        _expect(p.router, E, D)
+        groups_ok = gate.n_group <= 1 or (E % gate.n_group == 0 and E // gate.n_group >= 2
+                                          and gate.top_k <= E // gate.n_group * gate.topk_group)
+        if gu[0].shape != (E, 2 * inter, D) or dn[0].shape != (E, D, inter) or gate.top_k > E or not groups_ok:
+            raise Unsupported("expert shapes or groups")
         p.gate_up, p.down = gu[0].data_ptr(), dn[0].data_ptr()
         p.gu_scale = gu[1].data_ptr() if gu[1] is not None else None
         p.down_scale = dn[1].data_ptr() if dn[1] is not None else None
@@ -205,6 +226,12 @@ class DecodePlan:
         plan.params = {id(layer): p for layer, p in zip(layers, params)}
         return plan
 
+    def run_layers(self, layers, h: torch.Tensor, rot: torch.Tensor) -> None:
+        """`run` each layer in turn over h [B, T, hidden] (updated in place)."""
+        selection = None
+        for layer in layers:
+            selection = self.run(layer, h, rot, selection)
+
     def run(self, layer, h: torch.Tensor, rot: torch.Tensor, selection):
         """Layer `layer` over h [B, T, hidden] (updated in place); rot: the forward's `Rotation.rope`. Returns the
         selection a following 'shared' DSA layer reads ([n, topk] int64), else the one it was given."""
@@ -215,6 +242,8 @@ class DecodePlan:
         if self.rot is None or self.rot[0] is not rot:  # the same rotations for every layer of the step
             self.rot = (rot, torch.view_as_real(rot).reshape(self.n, -1))
         rot_rows = self.rot[1]
+        if not h.is_contiguous() or h.numel() != self.n * mla.hidden:
+            raise ValueError(f"hidden states {tuple(h.shape)}: the native decode step needs {self.n} contiguous rows")
         hp, cp = h.data_ptr(), ctypes.addressof(c_rows)
         if isinstance(layer.mlp, MoE):
             ffn.bias = layer.mlp.gate.e_score_correction_bias.data_ptr()

@@ -183,10 +183,9 @@ class GlmMoeDsaForCausalLM(nn.Module):
         token_mask = attention_mask[:, past:].reshape(-1).bool() if attention_mask is not None else None
         selection, layer_stats = None, []
         plan = DecodePlan.create(self.model.layers, cache, input_ids, attention_mask, return_aux, h.dtype)
-        for layer in self.model.layers:
-            if plan is not None:  # a decode step's few rows: three native calls per layer (decode_step.py)
-                selection = plan.run(layer, h, rot.rope, selection)
-                continue
+        if plan is not None:  # a decode step's few rows: three native calls per layer (decode_step.py)
+            plan.run_layers(self.model.layers, h, rot.rope)
+        for layer in self.model.layers if plan is None else ():
             if layer.self_attn.indexer is not None:
                 selection = None  # a layer with its own indexer selects anew: free the old slots ([B, T, k]) first
             h, sel, stats = layer(h, rot, key_valid, past, cache, selection, token_mask, return_aux)
@@ -228,7 +227,7 @@ class GlmMoeDsaForCausalLM(nn.Module):
         plan = DecodePlan.create([layer], cache, next_ids, attention_mask, return_aux, x.dtype)
         if plan is not None:
             x, stats = x.contiguous(), None
-            plan.run(layer, x, rot.rope, None)
+            plan.run_layers([layer], x, rot.rope)
         else:
             x, _, stats = layer(x, rot, key_valid, past, cache, None, token_mask, return_aux)
         logits = self.mtp_logits(x, depth) if return_logits else None
