@@ -55,6 +55,34 @@ static inline __attribute__((always_inline)) v16 load_w(const char *row, int wty
    faster there). */
 #define SEQ_ROW_BYTES 4096
 
+/* Several x rows (2 <= N <= MAX_ROWS, a compile-time constant in each copy): each weight row read once, front to back,
+   into two sum chains per x row held in registers (a runtime row count kept them in memory: 2 rows ran 3x slower
+   than one). k a multiple of 32. */
+static inline __attribute__((always_inline)) void rows_seq(const float *x, const int N, const char *w, const float *scale,
+                                                           int wtype, int64_t m, int64_t k, float *y) {
+    const int64_t row_bytes = k * w_size(wtype);
+    for (int64_t j = 0; j < m; j++) {
+        const char *wr = w + j * row_bytes;
+        v16 a[MAX_ROWS][2];
+        for (int r = 0; r < N; r++) { a[r][0] = (v16){0}; a[r][1] = (v16){0}; }
+        for (int64_t d = 0; d < k; d += 32) {
+            const v16 w0 = load_w(wr, wtype, d), w1 = load_w(wr, wtype, d + 16);
+            for (int r = 0; r < N; r++) {
+                a[r][0] += w0 * load_f32(x + r * k + d);
+                a[r][1] += w1 * load_f32(x + r * k + d + 16);
+            }
+        }
+        for (int r = 0; r < N; r++) y[r * m + j] = hsum16(a[r][0] + a[r][1]) * (wtype == W_I8 ? scale[j] : 1.0f);
+    }
+}
+#define ROWS_SEQ_CASE(N) case N: rows_seq(x, N, w, scale, wtype, m, k, y); return 1;
+static inline __attribute__((always_inline)) int rows_seq_any(const float *x, int64_t n, const char *w,
+                                                              const float *scale, int wtype, int64_t m, int64_t k, float *y) {
+    switch (n) { ROWS_SEQ_CASE(2) ROWS_SEQ_CASE(3) ROWS_SEQ_CASE(4) ROWS_SEQ_CASE(5) ROWS_SEQ_CASE(6)
+                 ROWS_SEQ_CASE(7) ROWS_SEQ_CASE(8) }
+    return 0;
+}
+
 /* y[r, j] = scale[j] * (x[r] . w[j]) for r < n rows (n <= MAX_ROWS), j < m; x [n, k] fp32, w [m, k] of wtype
    (scale only for int8, else ignored), y [n, m] fp32; k a multiple of 16. Each weight row is read once and
    used for all n rows. With one or two rows, four weight rows go together: four independent FMA chains and
@@ -75,6 +103,7 @@ static inline __attribute__((always_inline)) void rows_times_weight_t(
             }
             y[j] = hsum16((a0 + a1) + (a2 + a3)) * (wtype == W_I8 ? scale[j] : 1.0f);
         }
+    if (n > 1 && k % 32 == 0 && row_bytes <= SEQ_ROW_BYTES && rows_seq_any(x, n, w, scale, wtype, m, k, y)) return;
     if (n <= 2)
         for (; j + 4 <= m; j += 4) {
             const char *wr = (const char *)w + j * row_bytes;
@@ -106,6 +135,30 @@ static inline __attribute__((always_inline)) void rows_times_weight_t(
    per instruction, where widening and FMAs take four; widening bound the bf16 kernel at ~9 GB/s on one core. Each
    x row is split into bf16 hi + lo parts (x = hi + lo to 2^-17 relative); rows whose values are bf16 already (a bf16
    model's activations) need the hi part only. Returns 0 when it does not apply (k not a multiple of 32). */
+/* N bf16 x rows (xp: N rows of k / 32 vectors) times w [m, k] -> y [N, m]: each weight row read once, front to back;
+   N a compile-time constant in each copy, so the N sum chains stay in registers. */
+static inline __attribute__((always_inline)) void rows_bf16_seq(const __m512i *xp, const int N, const uint16_t *w,
+                                                                int64_t m, int64_t k, float *y) {
+    const int64_t steps = k / 32;
+    for (int64_t j = 0; j < m; j++) {
+        const uint16_t *wr = w + j * k;
+        __m512 a[2 * MAX_ROWS];
+        for (int r = 0; r < N; r++) a[r] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < steps; d++) {
+            const __m512bh wv = (__m512bh)_mm512_loadu_si512(wr + 32 * d);
+            for (int r = 0; r < N; r++) a[r] = _mm512_dpbf16_ps(a[r], wv, (__m512bh)_mm512_loadu_si512(xp + r * steps + d));
+        }
+        for (int r = 0; r < N; r++) y[r * m + j] = _mm512_reduce_add_ps(a[r]);
+    }
+}
+#define BF16_SEQ_CASE(N) case N: rows_bf16_seq(xp, N, w, m, k, y); return 1;
+static int rows_bf16_seq_any(const __m512i *xp, int64_t rows, const uint16_t *w, int64_t m, int64_t k, float *y) {
+    switch (rows) { BF16_SEQ_CASE(2) BF16_SEQ_CASE(3) BF16_SEQ_CASE(4) BF16_SEQ_CASE(5) BF16_SEQ_CASE(6)
+                    BF16_SEQ_CASE(7) BF16_SEQ_CASE(8) BF16_SEQ_CASE(10) BF16_SEQ_CASE(12) BF16_SEQ_CASE(14)
+                    BF16_SEQ_CASE(16) }
+    return 0;
+}
+
 static int rows_times_bf16(const float *x, int64_t n, const uint16_t *w, int64_t m, int64_t k, float *y) {
     if (k % 32) return 0;
     uint16_t *parts = malloc(sizeof(uint16_t) * 2 * n * k);
@@ -117,7 +170,17 @@ static int rows_times_bf16(const float *x, int64_t n, const uint16_t *w, int64_t
         need_lo |= lo & 0x7fff;
     }
     const __m512i *xh = (const __m512i *)parts, *xl = (const __m512i *)(parts + n * k);
-    const int64_t steps = k / 32;
+    const int64_t steps = k / 32, virtual_rows = need_lo ? 2 * n : n;  /* the lo parts as rows of their own */
+    if (virtual_rows > 1 && 2 * k <= SEQ_ROW_BYTES) {
+        float *ys = need_lo ? malloc(sizeof(float) * 2 * n * m) : y;
+        if (ys && rows_bf16_seq_any(xh, virtual_rows, w, m, k, ys)) {
+            for (int64_t i = 0; need_lo && i < n * m; i++) y[i] = ys[i] + ys[n * m + i];
+            if (need_lo) free(ys);
+            free(parts);
+            return 1;
+        }
+        if (need_lo) free(ys);
+    }
     int64_t j = 0;
     for (; n == 1 && !need_lo && 2 * k <= SEQ_ROW_BYTES && j < m; j++) {  /* as in rows_times_weight_t */
         const uint16_t *wr = w + j * k;

@@ -26,7 +26,7 @@ from openglm.model.moe import MLP, Experts, MoE
 from openglm.model.native import DECODE_MAX_ROWS, decode_kernels, kernel_weight
 from openglm.model.quantized import QuantizedWeight
 from openglm.model.sparse_dsa import topk_slots
-from openglm.model.weights import derived_weight, fused_rows
+from openglm.model.weights import fused_rows
 
 _I64, _F32, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -166,21 +166,49 @@ def _ffn_params(layer) -> tuple[FfnLayerC, list[torch.Tensor]]:
 
 
 def layer_params(layer) -> tuple[MlaLayerC, FfnLayerC] | None:
-    """The layer's native parameters (rebuilt when a weight changes), or None: no native decode form."""
-    modules = layer.__dict__.get("_decode_modules")
-    if modules is None:  # walked once: `parameters()` walks the module tree on every call (~20 us a layer)
-        modules = layer.__dict__["_decode_modules"] = list(layer.modules())
-    if any(m._forward_hooks or m._forward_pre_hooks for m in modules) or _global_hooks():
+    """The layer's native parameters, or None: no native decode form. Rebuilt when a weight changes: a tensor
+    assigned anywhere (`_registrations`), new storage (`.to()`, `.data =`) or an in-place update (version)."""
+    state = layer.__dict__.get("_decode_state")
+    if state is None or state.registrations != _registrations:
+        state = layer.__dict__["_decode_state"] = _LayerState(layer)
+    if _global_hooks() or any(m._forward_hooks or m._forward_pre_hooks for m in state.modules):
         return None  # hooks (tensor-parallel all-reduces, user probes) need the module calls of the torch path
-    # Read each step, so a replaced weight is seen. Quantised weights are buffers; the router's correction bias
-    # (a plain buffer) is passed on every call instead.
-    sources = [t for m in modules for t in m._parameters.values() if t is not None]
-    sources += [t for m in modules for t in m._buffers.values() if isinstance(t, QuantizedWeight)]
-    try:
-        built = derived_weight(layer, "decode_step", sources, lambda *_: _build(layer))
-    except Unsupported:
-        built = None
-    return None if built is None else built[:2]
+    if state.sources is None:
+        return None
+    key = ([t.data_ptr() for t in state.sources], [t._version for t in state.sources])
+    if key != state.key:
+        state.key = key
+        try:
+            state.built = _build(layer)
+        except Unsupported:
+            state.built = None
+    return None if state.built is None else state.built[:2]
+
+
+class _LayerState:
+    """A layer's modules and weight tensors as of `registrations`, and its built native parameters."""
+
+    def __init__(self, layer):
+        self.registrations, self.key, self.built = _registrations, None, None
+        self.modules = list(layer.modules())
+        # Quantised weights are buffers; the router's correction bias (a plain buffer) is passed on every call.
+        sources = [t for m in self.modules for t in m._parameters.values() if t is not None]
+        sources += [t for m in self.modules for t in m._buffers.values() if isinstance(t, QuantizedWeight)]
+        # Inference tensors have no version counter (and their layer no fused weights): the torch path runs.
+        self.sources = None if any(t.is_inference() for t in sources) else sources
+
+
+_registrations = 0  # parameters, buffers and submodules assigned on any module since import
+
+
+def _count_registration(*_) -> None:
+    global _registrations
+    _registrations += 1
+
+
+torch_module.register_module_parameter_registration_hook(_count_registration)
+torch_module.register_module_buffer_registration_hook(_count_registration)
+torch_module.register_module_module_registration_hook(_count_registration)
 
 
 def _global_hooks() -> bool:
