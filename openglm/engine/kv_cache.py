@@ -48,21 +48,26 @@ class PagedBatchCache:
     def __init__(self, pool: KVPool, block_tables: list[list[int]], past_lens: list[int], new_lens: list[int]):
         self.pool = pool
         self.batch, self.past, self.new = len(past_lens), max(past_lens), max(new_lens)
-        bs, width = pool.block_size, self.past + self.new
-        # slot of every cached-or-new position of each row, laid out as the model sees the step:
-        # [pad .. past | new .. pad], padding reading the all-zero slot
-        read = torch.full((self.batch, width), pool.pad_slot, dtype=torch.long)
-        write, self.seq_slots, self.lens = [], [], (past_lens, new_lens)
-        for row, (table, p, t) in enumerate(zip(block_tables, past_lens, new_lens)):
-            blocks = torch.tensor(table, dtype=torch.long)
-            slots = (blocks[:, None] * bs + torch.arange(bs)).flatten()[: p + t]
-            read[row, self.past - p : self.past + t] = slots
-            write.append(slots[p:])
-            self.seq_slots.append(slots)
-        self.read_index = read.flatten()
-        self.write_slots = torch.cat(write)
-        valid_new = torch.arange(self.new)[None, :] < torch.tensor(new_lens)[:, None]
-        self.write_rows = valid_new.flatten().nonzero().squeeze(1)  # into the flattened [B * T] new entries
+        self.lens = (past_lens, new_lens)
+        bs = pool.block_size
+        # the slot of every cached-or-new position of each sequence, in order
+        self.seq_slots = [(torch.tensor(table, dtype=torch.long)[:, None] * bs + torch.arange(bs)).flatten()[: p + t]
+                          for table, p, t in zip(block_tables, past_lens, new_lens)]
+        self._gather = None  # `update`'s index tensors, built on its first call (a native decode step needs none)
+
+    def _gather_plan(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(read_index, write_slots, write_rows): the slot of each position as the model sees the step, [pad .. past |
+        new .. pad] per row with padding reading the all-zero slot; the slots of the new entries; which rows of the
+        flattened [B * T] new entries are real."""
+        if self._gather is None:
+            past_lens, new_lens = self.lens
+            read = torch.full((self.batch, self.past + self.new), self.pool.pad_slot, dtype=torch.long)
+            for row, (slots, p, t) in enumerate(zip(self.seq_slots, past_lens, new_lens)):
+                read[row, self.past - p : self.past + t] = slots
+            write = torch.cat([slots[p:] for slots, p in zip(self.seq_slots, past_lens)])
+            valid_new = torch.arange(self.new)[None, :] < torch.tensor(new_lens)[:, None]
+            self._gather = read.flatten(), write, valid_new.flatten().nonzero().squeeze(1)
+        return self._gather
 
     def get_seq_length(self) -> int:
         return self.past
@@ -94,12 +99,13 @@ class PagedBatchCache:
     def update(self, layer_idx: int, entries: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Write the new entries into their slots, then read past + new back in one gather."""
         full = {}
+        read_index, write_slots, write_rows = self._gather_plan()
         for name, new in entries.items():
             pool = self.pool.tensor(layer_idx, name, new)
             flat = new.reshape(self.batch * self.new, *new.shape[2:])
-            pool[self.write_slots] = flat[self.write_rows].to(pool.dtype)
+            pool[write_slots] = flat[write_rows].to(pool.dtype)
             if self.past:
-                full[name] = pool[self.read_index].view(self.batch, self.past + self.new, *new.shape[2:]).to(new.dtype)
+                full[name] = pool[read_index].view(self.batch, self.past + self.new, *new.shape[2:]).to(new.dtype)
             else:
                 full[name] = new
         return full

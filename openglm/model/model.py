@@ -108,7 +108,9 @@ class NextNLayer(DecoderLayer):
 
     def mix(self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         embeds = embeds.masked_fill((position_ids == 0).unsqueeze(-1), 0.0)
-        return self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden.to(embeds.dtype))], dim=-1))
+        mixed = torch.cat([self.enorm(embeds), self.hnorm(hidden.to(embeds.dtype))], dim=-1)
+        # Inference skips the module call, as o_proj does, so a draft step's rows take `linear`'s native path.
+        return self.eh_proj(mixed) if torch.is_grad_enabled() else linear(mixed, self.eh_proj.weight)
 
 
 class GlmMoeDsaModel(nn.Module):
