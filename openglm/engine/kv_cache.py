@@ -76,8 +76,9 @@ class PagedBatchCache:
         """This step as `decode_step` reads it (the pool's slots through the block tables, no gather), when every
         row has `new` tokens (else None: the torch path pads them); the attention mask is the step's own."""
         past_lens, new_lens = self.lens
-        if batch != self.batch or any(t != new for t in new_lens):
-            return None
+        if (batch != self.batch or any(t != new for t in new_lens)
+                or any(len(s) != p + new for s, p in zip(self.seq_slots, past_lens))):
+            return None  # (a block table too short for its positions: the torch path's gather names it)
         self.max_keys = max(past_lens) + new
         self.keys = [p + t + 1 for p in past_lens for t in range(new)]
         starts = [0]
