@@ -85,8 +85,8 @@ static inline __attribute__((always_inline)) int rows_seq_any(const float *x, in
 
 /* y[r, j] = scale[j] * (x[r] . w[j]) for r < n rows (n <= MAX_ROWS), j < m; x [n, k] fp32, w [m, k] of wtype
    (scale only for int8, else ignored), y [n, m] fp32; k a multiple of 16. Each weight row is read once and
-   used for all n rows. With one or two rows, four weight rows go together: four independent FMA chains and
-   four streams, where one chain per row is bound by the FMA latency, not by memory. */
+   used for all n rows: short rows one at a time (above), otherwise, with one or two x rows, four weight rows
+   together (four independent FMA chains and four streams, where one chain per row is bound by the FMA latency). */
 static inline __attribute__((always_inline)) void rows_times_weight_t(
         const float *x, int64_t n, const void *w, const float *scale, int wtype, int64_t m, int64_t k, float *y) {
     const int64_t row_bytes = k * w_size(wtype);
@@ -131,10 +131,6 @@ static inline __attribute__((always_inline)) void rows_times_weight_t(
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 
-/* rows_times_weight for bf16 weights on CPUs with AVX512-BF16: vdpbf16ps multiplies 32 bf16 pairs into 16 fp32 sums
-   per instruction, where widening and FMAs take four; widening bound the bf16 kernel at ~9 GB/s on one core. Each
-   x row is split into bf16 hi + lo parts (x = hi + lo to 2^-17 relative); rows whose values are bf16 already (a bf16
-   model's activations) need the hi part only. Returns 0 when it does not apply (k not a multiple of 32). */
 /* N bf16 x rows (xp: N rows of k / 32 vectors) times w [m, k] -> y [N, m]: each weight row read once, front to back;
    N a compile-time constant in each copy, so the N sum chains stay in registers. */
 static inline __attribute__((always_inline)) void rows_bf16_seq(const __m512i *xp, const int N, const uint16_t *w,
@@ -159,6 +155,10 @@ static int rows_bf16_seq_any(const __m512i *xp, int64_t rows, const uint16_t *w,
     return 0;
 }
 
+/* rows_times_weight for bf16 weights on CPUs with AVX512-BF16: vdpbf16ps multiplies 32 bf16 pairs into 16 fp32 sums
+   per instruction, where widening and FMAs take four; widening bound the bf16 kernel at ~9 GB/s on one core. Each
+   x row is split into bf16 hi + lo parts (x = hi + lo to 2^-17 relative); rows whose values are bf16 already (a bf16
+   model's activations) need the hi part only. Returns 0 when it does not apply (k not a multiple of 32). */
 static int rows_times_bf16(const float *x, int64_t n, const uint16_t *w, int64_t m, int64_t k, float *y) {
     if (k % 32) return 0;
     uint16_t *parts = malloc(sizeof(uint16_t) * 2 * n * k);
