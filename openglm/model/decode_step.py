@@ -256,6 +256,8 @@ class DecodePlan:
 
     def run_layers(self, layers, h: torch.Tensor, rot: torch.Tensor) -> None:
         """`run` each layer in turn over h [B, T, hidden] (updated in place)."""
+        if not h.is_contiguous() or h.numel() != self.n * self.x.shape[1]:  # before any layer's cache rows move
+            raise ValueError(f"hidden states {tuple(h.shape)}: the native decode step needs {self.n} contiguous rows")
         selection = None
         for layer in layers:
             selection = self.run(layer, h, rot, selection)
@@ -270,8 +272,6 @@ class DecodePlan:
         if self.rot is None or self.rot[0] is not rot:  # the same rotations for every layer of the step
             self.rot = (rot, torch.view_as_real(rot).reshape(self.n, -1))
         rot_rows = self.rot[1]
-        if not h.is_contiguous() or h.numel() != self.n * mla.hidden:
-            raise ValueError(f"hidden states {tuple(h.shape)}: the native decode step needs {self.n} contiguous rows")
         hp, cp = h.data_ptr(), ctypes.addressof(c_rows)
         if isinstance(layer.mlp, MoE):
             ffn.bias = layer.mlp.gate.e_score_correction_bias.data_ptr()
@@ -282,12 +282,13 @@ class DecodePlan:
             tied = lib.mla_decode_select(ctypes.addressof(mla), cp, self.n, hp, rot_rows.data_ptr(),
                                          self.state.data_ptr(), selection.data_ptr(), self.scores.data_ptr(),
                                          self.scores.shape[1], self.tied.data_ptr())
-            if tied:
-                self._break_ties(tied, selection, attn.indexer.topk)
         else:
-            if lib.mla_decode_select(ctypes.addressof(mla), cp, self.n, hp, rot_rows.data_ptr(), self.state.data_ptr(),
-                                     None, None, 0, None) < 0:
-                raise MemoryError("decode_kernels: mla_decode_select")
+            tied = lib.mla_decode_select(ctypes.addressof(mla), cp, self.n, hp, rot_rows.data_ptr(),
+                                         self.state.data_ptr(), None, None, 0, None)
+        if tied < 0:
+            raise MemoryError("decode_kernels: mla_decode_select")
+        if tied:
+            self._break_ties(selection, attn.indexer.topk)
         slots = selection if attn.kind == "dsa" else None
         if lib.mla_decode_attend(ctypes.addressof(mla), cp, self.n, hp, self.state.data_ptr(),
                                  None if slots is None else slots.data_ptr(), 0 if slots is None else slots.shape[1],
@@ -296,11 +297,9 @@ class DecodePlan:
             raise MemoryError("decode_kernels: mla_decode_attend / ffn_decode")
         return selection
 
-    def _break_ties(self, tied: int, selection: torch.Tensor, topk: int) -> None:
+    def _break_ties(self, selection: torch.Tensor, topk: int) -> None:
         """Rows whose k-th index score is tied beyond the places left: torch.topk's choice among the tied keys, as
         the torch path (`sparse_dsa`) makes it."""
-        if tied < 0:
-            raise MemoryError("decode_kernels: mla_decode_select")
         for r in self.tied.nonzero().flatten().tolist():
             n_keys = self.layout.keys_of(r)
             selection[r] = topk_slots(self.scores[r, :n_keys].unsqueeze(0), topk)[0]
