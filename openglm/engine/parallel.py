@@ -123,11 +123,11 @@ def follow_steps(runner: ModelRunner) -> None:
 
 
 def exit_follower() -> NoReturn:
-    """A follower rank's end, after `follow_steps` returned: exit without the interpreter's teardown. The sharded
-    model still references the (destroyed) gloo group, and destroying it during interpreter shutdown has aborted
-    a follower (`terminate called without an active exception`: in one of stop 22's CI runs and one of three
-    on 2026-12-04, a follower rank both times), failing the torchrun job after the work was done. A follower has
-    nothing left to save."""
+    """A follower rank's end, after `follow_steps` returned: exit without the interpreter's teardown. A follower
+    aborted with `terminate called without an active exception` in one of stop 22's CI runs and one of three on
+    2026-12-04 (a follower rank both times), failing the torchrun job after the work was done; the likely cause
+    is the gloo group, still referenced by the sharded experts, being destroyed during interpreter shutdown.
+    A follower has nothing left to save."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
