@@ -1,13 +1,14 @@
 """Long context in the model: speed and memory of DSA against dense attention, and the quality of the kinds.
 
-`speed` (the default): the `small` preset (max positions raised to fit), fp32, batch 1, random token ids, the
+`speed` (the default): the `small` preset (max positions raised to fit), fp32 (or --dtype bf16), batch 1, random
+token ids, the
 same weights in DSA mode (its `index_topk` 128) and with dense causal attention in every layer. Per length
 (16K, 32K, 64K): the prefill's time (one forward that fills a DynamicCache, logits of the last position only)
 and the process's peak RSS, then the median decode step with that cache. Each case runs in its own
 subprocess (peak RSS from ru_maxrss); DSA's cases first, then dense's, longest last.
 
     flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_long_context.py [--lengths 16384,32768,65536]
-        [--modes dsa,dense] [--decode-steps 8] [--threads 1] [--json]
+        [--modes dsa,dense] [--dtype fp32] [--decode-steps 16] [--threads 1] [--json]
 
 `quality`: train the `small` preset with dense, local+global+random and DSA attention. Same data, same steps,
 same seed; sequence length 2048. Reports the validation loss of each run (and its ratio to dense: the
@@ -155,6 +156,7 @@ def quality_main(argv) -> None:
 
 
 MiB = 1 << 20
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # torch dtype names: torch is imported in the case subprocess
 LENGTHS = (16384, 32768, 65536)
 
 
@@ -176,7 +178,7 @@ def cpu_description() -> tuple[str, str]:
     return model or platform.processor() or platform.machine(), " ".join(isa) or "none of AMX / AVX-512 / AVX2"
 
 
-def speed_case(mode: str, n: int, decode_steps: int, threads: int) -> dict:
+def speed_case(mode: str, n: int, decode_steps: int, threads: int, dtype: str = "fp32") -> dict:
     """Runs inside the subprocess: build the model, prefill n tokens into a cache, time decode steps."""
     import torch
     torch.set_num_threads(threads)
@@ -186,7 +188,7 @@ def speed_case(mode: str, n: int, decode_steps: int, threads: int) -> dict:
     if mode == "dense":
         cfg = cfg.replace(attention_kinds=["dense"] * cfg.num_hidden_layers)
     torch.manual_seed(0)
-    model = GlmMoeDsaForCausalLM(cfg).eval()
+    model = GlmMoeDsaForCausalLM(cfg).eval().to(getattr(torch, DTYPES[dtype]))
     ids = torch.randint(3, cfg.vocab_size, (1, n + decode_steps + 1), generator=torch.Generator().manual_seed(1))
     base = peak_mib()
     cache = DynamicCache()
@@ -207,7 +209,7 @@ def speed_case(mode: str, n: int, decode_steps: int, threads: int) -> dict:
 
 def run_speed_case(mode: str, n: int, args) -> dict:
     cmd = [sys.executable, __file__, "--case", f"{mode}:{n}", "--decode-steps", str(args.decode_steps),
-           "--threads", str(args.threads)]
+           "--threads", str(args.threads), "--dtype", args.dtype]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=True)
     except subprocess.TimeoutExpired:
@@ -217,10 +219,10 @@ def run_speed_case(mode: str, n: int, args) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def print_speed_table(rows: list[dict], threads: int) -> None:
+def print_speed_table(rows: list[dict], threads: int, dtype: str) -> None:
     model, isa = cpu_description()
     print(f"CPU: {model}; ISA: {isa}; {threads} torch thread(s)")
-    print("small preset (6 layers, 4 of them with their own indexer), fp32, batch 1; DSA top-128 vs dense causal")
+    print(f"small preset (6 layers, 4 of them with their own indexer), {dtype}, batch 1; DSA top-128 vs dense causal")
     print(f"{'mode':<6} {'N':>6} {'prefill s':>10} {'peak MiB':>9} {'decode ms':>10} "
           f"{'dense/dsa time':>14} {'dsa/dense peak':>14} {'decode vs 16K':>13}")
     by = {(r["mode"], r["n"]): r for r in rows}
@@ -247,7 +249,8 @@ def speed_main(argv) -> None:
     ap = argparse.ArgumentParser(prog="bench_long_context.py", description="the model's long-context speed and memory")
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="prompt lengths in tokens (default %(default)s)")
     ap.add_argument("--modes", default="dsa,dense", help="attention modes to run, of dsa,dense (default %(default)s)")
-    ap.add_argument("--decode-steps", type=int, default=8, help="timed decode steps after each prefill (default 8)")
+    ap.add_argument("--decode-steps", type=int, default=16, help="timed decode steps after each prefill (default 16)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="model dtype (default %(default)s)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per case before it is abandoned (default 1800)")
     ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: one case, in a subprocess
@@ -255,7 +258,7 @@ def speed_main(argv) -> None:
     args = ap.parse_args(argv)
     if args.case:
         mode, n = args.case.split(":")
-        print(json.dumps(speed_case(mode, int(n), args.decode_steps, args.threads)))
+        print(json.dumps(speed_case(mode, int(n), args.decode_steps, args.threads, args.dtype)))
         return
     rows = []
     for mode in args.modes.split(","):
@@ -266,7 +269,7 @@ def speed_main(argv) -> None:
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
-        print_speed_table(rows, args.threads)
+        print_speed_table(rows, args.threads, args.dtype)
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from openglm.model.cache import DecodeRows
+from openglm.model.cache import DecodeRows, KeyShadow
 
 
 class KVPool:
@@ -23,6 +23,7 @@ class KVPool:
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
         self.num_slots = num_blocks * block_size
         self.tensors: dict[tuple[int, str], torch.Tensor] = {}
+        self.shadows: dict[int, KeyShadow] = {}  # layer -> the int8 shadow of its `index_k` (decode's scan reads it)
 
     def tensor(self, layer: int, name: str, like: torch.Tensor) -> torch.Tensor:
         key = (layer, name)
@@ -31,6 +32,8 @@ class KVPool:
             # one extra all-zero slot at the end: padding positions gather from it
             pool = torch.zeros((self.num_slots + 1, *like.shape[2:]), dtype=self.dtype)
             self.tensors[key] = pool
+            if name == "index_k" and (shadow := KeyShadow.for_keys(self.num_slots + 1, pool.shape[1])):
+                self.shadows[layer] = shadow
         elif pool.shape[1:] != like.shape[2:]:
             raise ValueError(f"cache entry {name!r} of layer {layer} has shape {tuple(like.shape[2:])}, "
                              f"the pool holds {tuple(pool.shape[1:])}")
@@ -41,7 +44,8 @@ class KVPool:
         return self.num_slots
 
     def bytes_per_token(self) -> int:
-        return sum(t[0].numel() * t.element_size() for t in self.tensors.values())
+        shadows = sum(4 * t.codes.shape[1] + 4 for t in self.shadows.values())
+        return sum(t[0].numel() * t.element_size() for t in self.tensors.values()) + shadows
 
 
 class PagedBatchCache:
@@ -95,7 +99,7 @@ class PagedBatchCache:
         """Layer `layer_idx`'s pools (created from `specs`, name -> (width, dtype), on a first step) and the step's
         slots; the native call writes the new entries in the pool's dtype."""
         entries = {name: self.pool.tensor(layer_idx, name, torch.empty(1, 1, width)) for name, (width, _) in specs.items()}
-        return DecodeRows(entries, *self.decode_rows)
+        return DecodeRows(entries, *self.decode_rows, self.pool.shadows.get(layer_idx))
 
     def update(self, layer_idx: int, entries: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Write the new entries into their slots, then read past + new back in one gather."""
@@ -105,6 +109,8 @@ class PagedBatchCache:
             pool = self.pool.tensor(layer_idx, name, new)
             flat = new.reshape(self.batch * self.new, *new.shape[2:])
             pool[write_slots] = flat[write_rows].to(pool.dtype)
+            if name == "index_k" and layer_idx in self.pool.shadows:
+                self.pool.shadows[layer_idx].write(write_slots, pool[write_slots])
             if self.past:
                 full[name] = pool[read_index].view(self.batch, self.past + self.new, *new.shape[2:]).to(new.dtype)
             else:

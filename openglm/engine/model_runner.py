@@ -12,7 +12,10 @@ from dataclasses import dataclass
 import torch
 
 from openglm.engine.kv_cache import KVPool, PagedBatchCache
+from openglm.engine.quant import quantize_tensor
 from openglm.engine.sequence import Sequence
+from openglm.model.native import linear
+from openglm.model.quantized import QuantizedWeight
 
 PAD_WASTE = 1.3  # a row may join a group when the padded size stays within 1.3x the real tokens
 
@@ -39,6 +42,7 @@ class ModelRunner:
         self.dtype = next(model.parameters()).dtype
         self.pool = KVPool(num_blocks, block_size, self.dtype)
         self.pad_token_id = pad_token_id
+        self._draft = None  # (head weight, its version, its int8 copy): see _draft_head
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], num_tokens: list[int]) -> torch.Tensor:
@@ -69,20 +73,21 @@ class ModelRunner:
         """Like `run`, each row's chunk followed by its draft tokens. Per row: the logits (fp32) after each of
         its last `1 + drafts` new tokens, [1 + drafts, vocab], and every new position's final-norm hidden
         state, [num_tokens, hidden] (the MTP layer's input)."""
-        logits: list = [None] * len(seqs)
         hidden: list = [None] * len(seqs)
+        kept: list = [None] * len(seqs)
         for group in group_rows(num_tokens):
             steps = StepInputs([(seqs[i].token_ids + seqs[i].draft_token_ids)[seqs[i].num_computed_tokens:][:num_tokens[i]]
                                 for i in group], [seqs[i].num_computed_tokens for i in group],
                                [num_tokens[i] for i in group], [list(seqs[i].block_table) for i in group])
             h = self._call(steps, lambda ids, mask, pos, cache: self.model(
-                ids, attention_mask=mask, position_ids=pos, cache=cache, logits_to_keep=1, return_hidden=True).hidden)
+                ids, attention_mask=mask, position_ids=pos, cache=cache, return_hidden=True,
+                return_logits=False).hidden)
             for row, i in enumerate(group):
                 t = num_tokens[i]
                 keep = 1 + max(0, seqs[i].num_computed_tokens + t - seqs[i].num_tokens)  # drafts inside the chunk
-                hidden[i] = h[row, :t]
-                logits[i] = self.model.lm_head(h[row, t - keep : t]).float()
-        return logits, hidden
+                hidden[i], kept[i] = h[row, :t], h[row, t - keep : t]
+        logits = self.model.lm_head(torch.cat(kept)).float()  # one pass over the head's weight for every row
+        return list(logits.split([len(k) for k in kept])), hidden
 
     @torch.inference_mode()
     def run_mtp(self, rows: list["MTPInputs"]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,7 +107,19 @@ class ModelRunner:
             for row, i in enumerate(group):
                 hidden[i] = x[row, len(rows[i].next_ids) - 1]
         hidden = torch.stack(hidden)
-        return self.model.mtp_logits(hidden).float(), hidden
+        normed = self.model.model.mtp_layers[0].shared_head.norm(hidden)
+        return linear(normed, self._draft_head()).float(), hidden
+
+    def _draft_head(self) -> torch.Tensor:
+        """The LM head weight the MTP drafts go through: an int8 copy of an fp32/bf16 head (a quarter / half of the
+        bytes every draft reads; the main model checks each draft, so the copy's rounding can change how many are
+        accepted, never the output). Rebuilt when the head's weight is replaced or updated in place."""
+        w = self.model.lm_head.weight
+        if isinstance(w, QuantizedWeight):
+            return w
+        if self._draft is None or self._draft[0] is not w or self._draft[1] != w._version:
+            self._draft = (w, w._version, QuantizedWeight(*quantize_tensor(w, "int8"), dtype=w.dtype))
+        return self._draft[2]
 
     def _call(self, step: "StepInputs", fn):
         """`fn(input_ids, mask, positions, cache)` over the step's rows laid out as `execute` lays them out."""

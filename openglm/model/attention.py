@@ -60,9 +60,9 @@ class MLAttention(nn.Module):
         q = q.view(B, T, self.n_heads, self.nope + self.rope)
         entries = {"kv": self.kv_a_layernorm(kv), "k_pe": apply_rope(k_pe, rot.rope)}
         if self.indexer is not None:
-            # Cached in fp32 (the values stay those of the model dtype): the indexer scores in fp32, and
-            # converting the whole cached key every bf16 decode step cost more than the scoring itself.
-            entries["index_k"] = self.indexer.keys(x, rot.index, projected=index_k).float()
+            # Cached in the model dtype, as transformers does: every decode step reads every cached key, and a
+            # bf16 key is half the bytes (the scores are fp32 either way: sparse_dsa and decode_kernels widen it).
+            entries["index_k"] = self.indexer.keys(x, rot.index, projected=index_k)
         if cache is not None:
             entries = cache.update(self.layer_idx, entries)
         # Absorb W_uk into the query: q_nope . (W_uk c) = (W_uk^T q_nope) . c

@@ -35,6 +35,34 @@ class DecodeRows:
     row_base: torch.Tensor
     row_keys: torch.Tensor
     write: torch.Tensor
+    shadow: "KeyShadow | None" = None  # the int8 shadow of `index_k`, slot for slot
+
+
+class KeyShadow:
+    """An int8 copy of the DSA indexer keys that a native decode step scans instead of the keys themselves (id + 4
+    bytes a key against fp32's 4 id): slot t holds codes round(k_t * 127 / max|k_t|), laid out for AVX512-VNNI as
+    [slots / 16, width / 4, 16 slots, 4 bytes], and the scale max|k_t| / 127. The scan bounds every key's score from
+    it and scores exactly only the keys that could be in the top-k (decode_kernels.c, `shadow_top_slots`), so the
+    selection is the exact one. `for_keys` gives None for a width that is not a multiple of 4 (no shadow: the scan
+    reads the keys)."""
+
+    def __init__(self, slots: int, width: int):
+        slots = -(-slots // 16) * 16
+        self.codes = torch.zeros(slots // 16, width // 4, 16, 4, dtype=torch.int8)
+        self.scale = torch.zeros(slots)
+
+    @classmethod
+    def for_keys(cls, slots: int, width: int) -> "KeyShadow | None":
+        return cls(slots, width) if width % 4 == 0 else None
+
+    def write(self, slots: torch.Tensor, keys: torch.Tensor) -> None:
+        """keys [n, width] (any float dtype) at slots [n]."""
+        k = keys.float()
+        amax = k.abs().amax(-1)
+        inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+        codes = (k * inv[:, None]).round_().to(torch.int8)
+        self.codes[slots // 16, :, slots % 16] = codes.view(len(slots), self.codes.shape[1], 4)
+        self.scale[slots] = amax / 127.0
 
 
 CAPACITY_STEP = 256  # buffers are sized in multiples of this many positions (decode rarely reallocates)
@@ -92,6 +120,44 @@ class _LayerBuffer:
         self.batch = self.data.shape[0]
 
 
+class _IndexKeyBuffer(_LayerBuffer):
+    """`index_k`'s own buffer and its `KeyShadow` (slot b * capacity + i), rebuilt when the buffer is re-laid."""
+
+    def __init__(self, entries: dict[str, torch.Tensor]):
+        super().__init__(entries)
+        self.shadow = KeyShadow.for_keys(0, self.widths[0])
+
+    def append(self, entries: dict[str, torch.Tensor]) -> None:
+        start = self.length
+        super().append(entries)
+        if self.shadow is None:
+            return
+        slots = torch.arange(self.batch)[:, None] * self.data.shape[1] + torch.arange(start, self.length)
+        self.shadow.write(slots.flatten(), entries["index_k"].reshape(-1, self.widths[0]))
+
+    def _reserve(self, needed: int) -> None:
+        capacity = self.data.shape[1]
+        super()._reserve(needed)
+        if self.data.shape[1] != capacity:
+            self._rebuild()
+
+    def reorder(self, index: torch.Tensor) -> None:
+        super().reorder(index)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        capacity = self.data.shape[1]
+        self.shadow = KeyShadow.for_keys(self.batch * capacity, self.widths[0])
+        if self.shadow is None:
+            return
+        slots = torch.arange(self.batch)[:, None] * capacity + torch.arange(self.length)
+        self.shadow.write(slots.flatten(), self.data[:, : self.length].reshape(-1, self.widths[0]))
+
+
+def _buffer(entries: dict[str, torch.Tensor]) -> _LayerBuffer:
+    return _IndexKeyBuffer(entries) if list(entries) == ["index_k"] else _LayerBuffer(entries)
+
+
 class DynamicCache:
     """Preallocated per-layer buffers, grown geometrically (by a quarter); `update` writes new positions
     in place and returns views of the filled part. `layers[i]` gives layer i's entries as a dict of views."""
@@ -113,7 +179,7 @@ class DynamicCache:
             raise ValueError(f"layer {layer_idx}: update needs at least one entry")
         bufs = self._buffers.get(layer_idx)
         if bufs is None:
-            bufs = self._buffers[layer_idx] = [_LayerBuffer(group) for group in _by_dtype(entries)]
+            bufs = self._buffers[layer_idx] = [_buffer(group) for group in _by_dtype(entries)]
         held = [name for buf in bufs for name in buf.names]
         if set(held) != set(entries):
             raise KeyError(f"layer {layer_idx}: cache holds {sorted(held)}, update gave {sorted(entries)}")
@@ -168,7 +234,7 @@ class _ContiguousLayout:
         bufs = self.cache._buffers.get(layer_idx)
         if bufs is None:
             empty = {name: torch.empty(self.batch, 0, width, dtype=dtype) for name, (width, dtype) in specs.items()}
-            bufs = self.cache._buffers[layer_idx] = [_LayerBuffer(group) for group in _by_dtype(empty)]
+            bufs = self.cache._buffers[layer_idx] = [_buffer(group) for group in _by_dtype(empty)]
         entries = {}
         for buf in bufs:
             if buf.length != self.past or buf.batch != self.batch or any(name not in specs for name in buf.names):
@@ -187,4 +253,5 @@ class _ContiguousLayout:
             base = torch.arange(self.batch).repeat_interleave(self.new) * capacity
             self._bases[capacity] = (base, base + self.row_keys - 1)
         base, write = self._bases[capacity]
-        return DecodeRows(entries, None, base, self.row_keys, write)
+        shadow = next((buf.shadow for buf in bufs if isinstance(buf, _IndexKeyBuffer)), None)
+        return DecodeRows(entries, None, base, self.row_keys, write, shadow)

@@ -11,6 +11,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #define MAX_ROWS 8
 typedef float v16 __attribute__((vector_size(64)));
@@ -42,9 +45,13 @@ static inline float widen_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; flo
 
 enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2 };  /* weight element types; int8 rows carry one fp32 scale each */
 static inline int64_t w_size(int wtype) { return wtype == W_F32 ? 4 : wtype == W_BF16 ? 2 : 1; }
-static inline v16 load_i8(const void *p) {
+static inline v16 load_i8(const void *p) {  /* 16 int8 -> fp32 */
+#if defined(__AVX512F__)  /* GCC lowers the generic conversion below to 16 scalar moves */
+    return (v16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#else
     i8x16 h; memcpy(&h, p, sizeof h);
     return __builtin_convertvector(__builtin_convertvector(h, i32x16), v16);
+#endif
 }
 static inline __attribute__((always_inline)) v16 load_w(const char *row, int wtype, int64_t d) {
     return wtype == W_BF16 ? load_bf16(row + 2 * d) : wtype == W_I8 ? load_i8(row + d) : load_f32(row + 4 * d);
@@ -436,6 +443,7 @@ typedef struct {  /* a layer's cache: key i of row r is slot table[row_base[r] +
     void *kv, *pe, *ik;
     int64_t kv_stride, pe_stride, ik_stride, kv_bf16, ik_bf16;
     const int64_t *table, *row_base, *row_keys, *write;
+    int8_t *ik8; float *ik8_scale;  /* the indexer keys' int8 shadow (NULL: none), below */
 } CacheRows;
 
 static inline int64_t slot_of(const CacheRows *c, int64_t r, int64_t i) {
@@ -528,19 +536,50 @@ static float kth_largest(float *a, int64_t n, int64_t k) {
     }
     return a[want];
 }
-/* The k best of s[0..n) as ascending slots into out (k < n). Returns 1, writing nothing, when the k-th score is tied
-   beyond the places left: which tied keys win is then torch.topk's choice, made by the caller. */
-static int top_slots(const float *s, int64_t n, int64_t k, float *work, int64_t *out) {
-    float kth;
-    int64_t m = 0;
-    if (n >= 32 * k) {  /* a long row: select among the scores above a bound taken from every 8th score */
-        for (int64_t i = 0; i < n; i += 8) work[m++] = s[i];
-        const float bound = kth_largest(work, m, 2 * k / 8 + 1);  /* ~ the 2k-th largest of the row: below the k-th */
-        m = 0;
-        for (int64_t i = 0; i < n; i++) if (s[i] >= bound) work[m++] = s[i];
+/* The scores of s[0..n) at or above `bound`, in order, into cand and (at not NULL) their indices into at; returns how
+   many. */
+static int64_t scores_at_least(const float *s, int64_t n, float bound, float *cand, int32_t *at) {
+    int64_t m = 0, i = 0;
+#if defined(__AVX512F__)
+    const __m512 b = _mm512_set1_ps(bound);
+    for (; i + 16 <= n; i += 16)  /* 16 compares at a time; the few hits one by one */
+        for (__mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(s + i), b, _CMP_GE_OQ); hit; hit &= hit - 1) {
+            const int j = __builtin_ctz(hit);
+            cand[m] = s[i + j];
+            if (at) at[m] = (int32_t)(i + j);
+            m++;
+        }
+#endif
+    for (; i < n; i++) {  /* branch-free: m <= i, in bounds */
+        cand[m] = s[i];
+        if (at) at[m] = (int32_t)i;
+        m += s[i] >= bound;
     }
-    if (m >= k) kth = kth_largest(work, m, k);  /* every score >= the k-th is >= the bound: all are in work */
-    else { memcpy(work, s, n * sizeof(float)); kth = kth_largest(work, n, k); }
+    return m;
+}
+
+/* The k-th largest of s[0..n) (k <= n); work: 2n floats. A long row selects among the scores at or above a bound
+   taken from every 8th score (one compare pass over the row: 64K scores ~0.12 -> ~0.02 ms). */
+static float kth_best(const float *s, int64_t n, int64_t k, float *work) {
+    float *sel = work + n;
+    int64_t m = 0;
+    if (n >= 32 * k) {
+        for (int64_t i = 0; i < n; i += 8) sel[m++] = s[i];
+        const float bound = kth_largest(sel, m, 2 * k / 8 + 1);  /* ~ the 2k-th largest: below the k-th */
+        m = 0;
+        m = scores_at_least(s, n, bound, work, NULL);
+    }
+    if (m < k) {  /* a short row, or too few above the bound: every score is a candidate */
+        memcpy(work, s, n * sizeof(float));
+        m = n;
+    }
+    return kth_largest(work, m, k);  /* every score >= the k-th is >= the bound: all are candidates */
+}
+
+/* The k best of s[0..n) as ascending slots into out (k < n); work: 2n floats. Returns 1, writing nothing, when the
+   k-th score is tied beyond the places left: which tied keys win is then torch.topk's choice, made by the caller. */
+static int top_slots(const float *s, int64_t n, int64_t k, float *work, int64_t *out) {
+    const float kth = kth_best(s, n, k, work);
     int64_t above = 0, equal = 0;
     for (int64_t i = 0; i < n; i++) { above += s[i] > kth; equal += s[i] == kth; }
     if (above + equal > k) return 1;
@@ -548,69 +587,100 @@ static int top_slots(const float *s, int64_t n, int64_t k, float *work, int64_t 
     return 0;
 }
 
-/* out[i] = the sum of a[i]'s 16 lanes, for 16 vectors at once: a transpose-and-add tree of 15 shuffle-add steps
-   where 16 separate horizontal sums take ~100 instructions. */
-static inline v16 hsum16x16(const v16 *a) {
-    v16 t[8], u[4], v[2];
-    for (int p = 0; p < 8; p++)
-        t[p] = __builtin_shufflevector(a[2 * p], a[2 * p + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
-             + __builtin_shufflevector(a[2 * p], a[2 * p + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    for (int p = 0; p < 4; p++)
-        u[p] = __builtin_shufflevector(t[2 * p], t[2 * p + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
-             + __builtin_shufflevector(t[2 * p], t[2 * p + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    for (int p = 0; p < 2; p++)
-        v[p] = __builtin_shufflevector(u[2 * p], u[2 * p + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
-             + __builtin_shufflevector(u[2 * p], u[2 * p + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-    return __builtin_shufflevector(v[0], v[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
-         + __builtin_shufflevector(v[0], v[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+/* Adjacent lanes summed: lanes 0-7 hold a's pair sums, 8-15 b's. Levels of it over 2^L vectors sum runs of 2^L lanes
+   and keep their order: four levels over 16 vectors leave one whose lane i is the sum of vector i. */
+static inline v16 pairsum(v16 a, v16 b) {
+    return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+         + __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+static inline __attribute__((always_inline)) v16 pairsum_tree(v16 *v, int n) {  /* n a power of two <= 16 */
+    for (; n > 1; n /= 2)
+#pragma GCC unroll 8
+        for (int j = 0; j < n / 2; j++) v[j] = pairsum(v[2 * j], v[2 * j + 1]);
+    return v[0];
+}
+static inline v16 relu(v16 x) {  /* x where x > 0, else +0 (a NaN too) */
+    const v16 z = {0};
+    i32x16 bits;
+    memcpy(&bits, &x, sizeof x);
+    bits &= (x > z);
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+static inline __attribute__((always_inline)) v16 key_dot(const char *k, int b16, const float *q, const int ID) {
+    v16 a = load_f32(q) * (b16 ? load_bf16(k) : load_f32(k));  /* lanes of q . k, summed later */
+#pragma GCC unroll 16
+    for (int d = 16; d < ID; d += 16) a += load_f32(q + d) * (b16 ? load_bf16(k + 2 * d) : load_f32(k + 4 * d));
+    return a;
 }
 
-/* The indexer's score of each of row r's nk keys: s[i] = sum_h iw[h] relu(q_h . k_i), q [ih, id], keys read where
-   the cache holds them. (key, head) dot products go 16 at a time through `hsum16x16` when id is a multiple of 16
-   and ih divides 16 (or 16 divides ih); the scan over every cached key is what grows a long context's step. */
-static void index_scores(const CacheRows *c, int64_t r, int64_t nk, const float *q, const float *iw, int64_t ih,
-                         int64_t id, float *s) {
-    const int b16 = (int)c->ik_bf16;
-    const int blocked = id % 16 == 0 && (16 % ih == 0 || ih % 16 == 0);
-    const int64_t per = blocked ? (ih >= 16 ? 1 : 16 / ih) : 1;  /* keys per group of 16 (key, head) pairs */
-    float kb[16 * id];
-    int key_of[16], head_of[16];  /* pair p of a group: (key p / heads-per-group, head p % heads-per-group) */
-    for (int p = 0; p < 16; p++) { key_of[p] = p / (int)(16 / per); head_of[p] = p % (int)(16 / per); }
-    v16 wpat[ih / 16 + 1];  /* the head weight of each pair, per block of 16 heads */
-    for (int64_t h0 = 0; h0 < ih && blocked; h0 += 16 / per)
-        for (int p = 0; p < 16; p++) wpat[h0 / 16][p] = iw[h0 + head_of[p]];
-    int64_t i = 0;
-    for (; blocked && i + per <= nk; i += per) {
-        const float *k[16];
-        if (i + 64 < nk)  /* every cache line of the keys 64 ahead: slots need not be adjacent (paged) */
-            for (int64_t t = 0; t < per; t++)
-                for (int64_t byte = 0; byte < id * (b16 ? 2 : 4); byte += 64)
-                    __builtin_prefetch((const char *)row_at(c->ik, slot_of(c, r, i + 64 + t), c->ik_stride, b16) + byte);
-        for (int64_t t = 0; t < per; t++) {
-            const void *kr = row_at(c->ik, slot_of(c, r, i + t), c->ik_stride, b16);
-            if (b16) load_row(kr, 1, id, kb + t * id);
-            k[t] = b16 ? kb + t * id : (const float *)kr;
+/* The index scores of 16 keys (rows k[t]): lane t = sum_h w[h] relu(q_h . k_t) over IH heads of ID dims (ID a multiple
+   of 16; IH a power of two below 16, or a multiple of 16). 16 (key, head) dot vectors at a time are summed by a
+   pairsum tree. IH < 16: group g is keys g*16/IH.. x every head (lane weights wpat[p] = w[p % IH]), and the IH groups'
+   weighted relus reduce to the 16 scores; IH >= 16: a group is one key x 16 heads. Inlined with constant IH and ID it
+   stays in registers (a loop over runtime shapes took 28 ns a key on `small`). */
+static inline __attribute__((always_inline)) v16 scores16(const char *const *k, int b16, const float *q, const float *w,
+                                                           v16 wpat, const int IH, const int ID) {
+    v16 out[16], a[16];
+    if (IH < 16) {
+        for (int g = 0; g < IH; g++) {
+#pragma GCC unroll 16
+            for (int p = 0; p < 16; p++) a[p] = key_dot(k[g * (16 / IH) + p / IH], b16, q + (p % IH) * ID, ID);
+            out[g] = relu(pairsum_tree(a, 16)) * wpat;
         }
-        for (int64_t t = 0; t < per; t++) s[i + t] = 0.0f;
-        for (int64_t h0 = 0; h0 < ih; h0 += 16 / per) {  /* 16 pairs: (key t, head h0 + j) */
-            v16 acc[16];
-            for (int p = 0; p < 16; p++) {
-                const float *kt = k[key_of[p]], *qh = q + (h0 + head_of[p]) * id;
-                v16 a = {0};
-                for (int64_t d = 0; d < id; d += 16) a += load_f32(qh + d) * load_f32(kt + d);
-                acc[p] = a;
-            }
-            v16 dots = hsum16x16(acc);
-            for (int p = 0; p < 16; p++) dots[p] = dots[p] > 0.0f ? dots[p] : 0.0f;  /* relu, then each pair's */
-            dots *= wpat[h0 / 16];                                                      /* head weight */
-            if (per == 1) { s[i] += hsum16(dots); continue; }
-            for (int p = 0; p < 16; p++) s[i + key_of[p]] += dots[p];
-        }
+        return pairsum_tree(out, IH);
     }
-    for (; i < nk; i++) {  /* the rest one key at a time */
-        const void *kr = row_at(c->ik, slot_of(c, r, i), c->ik_stride, b16);
-        if (b16) load_row(kr, 1, id, kb);
-        const float *kf = b16 ? kb : (const float *)kr;
+    for (int t = 0; t < 16; t++) {
+        v16 score = {0};
+        for (int h0 = 0; h0 < IH; h0 += 16) {
+#pragma GCC unroll 16
+            for (int p = 0; p < 16; p++) a[p] = key_dot(k[t], b16, q + (h0 + p) * ID, ID);
+            score += relu(pairsum_tree(a, 16)) * load_f32(w + h0);
+        }
+        out[t] = score;
+    }
+    return pairsum_tree(out, 16);
+}
+
+/* `scores16` over n of row r's keys, read where the cache holds them: s[i] = the score of key idx[i] (idx NULL: key i). */
+static inline __attribute__((always_inline)) void scan_keys(const CacheRows *c, int64_t r, const int32_t *idx, int64_t n,
+                                                            const float *q, const float *w, const int IH, const int ID,
+                                                            float *s) {
+    const int b16 = (int)c->ik_bf16;
+    v16 wpat = {0};
+    for (int p = 0; p < 16 && IH < 16; p++) wpat[p] = w[p % IH];
+    for (int64_t i = 0; i < n; i += 16) {
+        const char *k[16];
+        for (int t = 0; t < 16; t++) {  /* past the last key: the last key again, its scores dropped */
+            const int64_t j = i + t < n ? i + t : n - 1;
+            k[t] = row_at(c->ik, slot_of(c, r, idx ? idx[j] : j), c->ik_stride, b16);
+        }
+        if (c->table && !idx && i + 48 <= n)  /* paged: the rows 32 keys ahead need not follow these (adjacent rows
+                                                 gained nothing from software prefetch) */
+            for (int t = 32; t < 48; t++)
+                for (int byte = 0; byte < ID * (b16 ? 2 : 4); byte += 64)
+                    __builtin_prefetch((const char *)row_at(c->ik, slot_of(c, r, i + t), c->ik_stride, b16) + byte);
+        const v16 sc = scores16(k, b16, q, w, wpat, IH, ID);
+        if (i + 16 <= n) memcpy(s + i, &sc, sizeof sc);
+        else for (int64_t t = 0; t < n - i; t++) s[i + t] = sc[t];
+    }
+}
+
+/* The indexer's score of n of row r's keys (idx as `scan_keys`): sum_h iw[h] relu(q_h . k), q [ih, id]. The shapes of
+   the presets (and GLM-5's, DeepSeek-V3.2's) get a copy of `scan_keys` of their own. */
+static void index_scores(const CacheRows *c, int64_t r, const int32_t *idx, int64_t n, const float *q, const float *iw,
+                         int64_t ih, int64_t id, float *s) {
+#define SCAN(IH, ID) if (ih == IH && id == ID) { scan_keys(c, r, idx, n, q, iw, IH, ID, s); return; }
+    SCAN(4, 16) SCAN(4, 32) SCAN(4, 64) SCAN(4, 128) SCAN(8, 64) SCAN(8, 128) SCAN(16, 128) SCAN(32, 128) SCAN(64, 128)
+#undef SCAN
+    if (id % 16 == 0 && ih <= 64 && ((ih < 16 && 16 % ih == 0) || ih % 16 == 0)) {
+        scan_keys(c, r, idx, n, q, iw, (int)ih, (int)id, s);
+        return;
+    }
+    const int b16 = (int)c->ik_bf16;
+    float kf[id];
+    for (int64_t i = 0; i < n; i++) {  /* other shapes one key at a time */
+        load_row(row_at(c->ik, slot_of(c, r, idx ? idx[i] : i), c->ik_stride, b16), b16, id, kf);
         float sc = 0.0f;
         for (int64_t hd = 0; hd < ih; hd++) {
             const float d = dot(q + hd * id, kf, id);
@@ -620,6 +690,123 @@ static void index_scores(const CacheRows *c, int64_t r, int64_t nk, const float 
     }
 }
 
+/* The int8 shadow of the indexer keys (cache.KeyShadow writes it on the torch path). Key slot t: codes c_t =
+   round(k_t * 127 / max|k_t|) and scale s_t = max|k_t| / 127, so |k_t - s_t c_t| <= s_t / 2 in every element; blocks of
+   16 slots laid out for AVX512-VNNI's 4-byte dot products: byte d of slot t is ik8[(t / 16) * id * 16 + (d / 4) * 64 +
+   (t % 16) * 4 + d % 4]. The query is rounded alike, q_h ~ g_h u_h (u_h int8, g_h = max|q_h| / 127), so
+   |q_h . k_t - g_h s_t (u_h . c_t)| <= s_t (|q_h|_1 + g_h |c_t|_1) / 2, and relu being 1-Lipschitz, score_t lies within
+   s_t (A + B |c_t|_1) of s_t sum_h w_h relu(g_h u_h . c_t), A = sum_h |w_h| |q_h|_1 / 2, B = sum_h |w_h| g_h / 2.
+   A long row's scan reads the shadow (id + 4 bytes a key, against 4 id in fp32), keeps every key whose upper bound
+   reaches the k-th largest lower bound and scores those exactly: the same keys as scoring every key exactly. */
+static void store_key_shadow(const CacheRows *c, int64_t slot, const float *key, int64_t id) {
+    float amax = 0.0f;
+    for (int64_t d = 0; d < id; d++) amax = fmaxf(amax, fabsf(key[d]));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int8_t *lane = c->ik8 + (slot / 16) * id * 16 + (slot % 16) * 4;
+    for (int64_t d = 0; d < id; d++) lane[(d / 4) * 64 + d % 4] = (int8_t)lrintf(key[d] * inv);
+    c->ik8_scale[slot] = amax / 127.0f;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* lo[i], up[i] = the bounds of key i's score (0 <= i < n) from the shadow, 16 keys a step (lanes = keys: no sums across
+   lanes); qu [IH, ID]: u_h + 128 as unsigned bytes (vpdpbusd multiplies unsigned by signed bytes: the 128 * sum(c_t) it
+   adds is taken off). -1 when 16 positions are not 16 adjacent slots from a multiple of 16 (a paged cache of another
+   block size): the caller scores every key. */
+static inline __attribute__((always_inline)) int shadow_bounds(const CacheRows *c, int64_t r, int64_t n,
+                                                               const uint8_t *qu, const float *g, const float *w, float A,
+                                                               float B, const int IH, const int ID, float *lo, float *up) {
+    const int HB = IH < 8 ? IH : 8;  /* heads per pass over a block: their sums stay in registers */
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int64_t i = 0; i < n; i += 16) {
+        const int64_t m = n - i < 16 ? n - i : 16, slot = slot_of(c, r, i);
+        if (slot % 16 || slot_of(c, r, i + m - 1) != slot + m - 1) return -1;
+        const int8_t *blk = c->ik8 + slot * ID;
+        __m512i sum = _mm512_setzero_si512(), l1 = _mm512_setzero_si512();
+        v16 score = {0};
+        for (int h0 = 0; h0 < IH; h0 += HB) {
+            __m512i acc[HB];
+            for (int h = 0; h < HB; h++) acc[h] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int q4 = 0; q4 < ID / 4; q4++) {
+                const __m512i codes = _mm512_loadu_si512(blk + q4 * 64);
+                if (h0 == 0) {
+                    sum = _mm512_dpbusd_epi32(sum, ones, codes);
+                    l1 = _mm512_dpbusd_epi32(l1, ones, _mm512_abs_epi8(codes));
+                }
+#pragma GCC unroll 8
+                for (int h = 0; h < HB; h++) {
+                    int32_t u4;
+                    memcpy(&u4, qu + (h0 + h) * ID + 4 * q4, 4);
+                    acc[h] = _mm512_dpbusd_epi32(acc[h], _mm512_set1_epi32(u4), codes);
+                }
+            }
+            for (int h = 0; h < HB; h++) {
+                const v16 dot = (v16)_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[h], _mm512_slli_epi32(sum, 7)));
+                score += w[h0 + h] * relu(dot * g[h0 + h]);
+            }
+        }
+        const v16 sc = load_f32(c->ik8_scale + slot), a = score * sc;
+        const v16 b = sc * (A + B * (v16)_mm512_cvtepi32_ps(l1));
+        v16 l = a - b, u = a + b;
+        memcpy(lo + i, &l, m * sizeof(float));
+        memcpy(up + i, &u, m * sizeof(float));
+    }
+    return 0;
+}
+static int shadow_bounds_any(const CacheRows *c, int64_t r, int64_t n, const uint8_t *qu, const float *g,
+                             const float *w, float A, float B, int64_t ih, int64_t id, float *lo, float *up) {
+#define BOUNDS(IH, ID) if (ih == IH && id == ID) return shadow_bounds(c, r, n, qu, g, w, A, B, IH, ID, lo, up);
+    BOUNDS(4, 16) BOUNDS(4, 32) BOUNDS(4, 64) BOUNDS(4, 128) BOUNDS(8, 64) BOUNDS(8, 128) BOUNDS(16, 128)
+    BOUNDS(32, 128) BOUNDS(64, 128)
+#undef BOUNDS
+    return id % 4 ? -1 : shadow_bounds(c, r, n, qu, g, w, A, B, (int)ih, (int)id, lo, up);
+}
+#else
+static int shadow_bounds_any(const CacheRows *c, int64_t r, int64_t n, const uint8_t *qu, const float *g,
+                             const float *w, float A, float B, int64_t ih, int64_t id, float *lo, float *up) {
+    (void)c; (void)r; (void)n; (void)qu; (void)g; (void)w; (void)A; (void)B; (void)ih; (void)id; (void)lo; (void)up;
+    return -1;  /* without VNNI the exact scan is the faster one */
+}
+#endif
+
+/* `top_slots` for row r's nk keys through the shadow: 0 (out written), 1 (the k-th exact score is tied beyond the
+   places left), -1 (no bounds for this row, or a NaN: the caller scores every key). work: 4 nk floats. */
+static int64_t shadow_count;  /* selections `shadow_top_slots` made (tests check the path ran) */
+static int shadow_top_slots(const CacheRows *c, int64_t r, int64_t nk, int64_t k, const float *q, const float *w,
+                            int64_t ih, int64_t id, float *work, int64_t *out) {
+    uint8_t qu[ih * id];
+    float g[ih], A = 0.0f, B = 0.0f, w_max = -INFINITY;
+    for (int64_t h = 0; h < ih; h++) w_max = fmaxf(w_max, w[h]);
+    if (!(w_max > 0.0f)) return -1;  /* no score above 0, and every key with no positive dot ties at 0 */
+    for (int64_t h = 0; h < ih; h++) {
+        float amax = 0.0f, l1 = 0.0f;
+        for (int64_t d = 0; d < id; d++) { amax = fmaxf(amax, fabsf(q[h * id + d])); l1 += fabsf(q[h * id + d]); }
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int64_t d = 0; d < id; d++) qu[h * id + d] = (uint8_t)(lrintf(q[h * id + d] * inv) + 128);
+        g[h] = amax / 127.0f;
+        A += fabsf(w[h]) * l1;
+        B += fabsf(w[h]) * g[h];
+    }
+    A *= 0.5f * 1.0625f;  /* the margin covers fp32 rounding in the bounds and in the exact scores */
+    B *= 0.5f * 1.0625f;
+    float *lo = work, *up = work + nk, *tmp = work + 2 * nk;
+    if (id % 4 || shadow_bounds_any(c, r, nk, qu, g, w, A, B, ih, id, lo, up) < 0) return -1;
+    const float floor_k = kth_best(lo, nk, k, tmp);  /* at least k keys score >= this */
+    int32_t *at = (int32_t *)lo;
+    const int64_t m = scores_at_least(up, nk, floor_k, tmp, at);
+    if (m < k || m > nk / 8) return -1;  /* a NaN, or bounds too wide to pay (many scores tied at 0): score every key */
+    float *exact = up;
+    index_scores(c, r, at, m, q, w, ih, id, exact);
+    memcpy(tmp, exact, m * sizeof(float));
+    const float kth = kth_largest(tmp, m, k);
+    int64_t above = 0, equal = 0;
+    for (int64_t j = 0; j < m; j++) { above += exact[j] > kth; equal += exact[j] == kth; }
+    if (above + equal > k) return 1;
+    for (int64_t j = 0, o = 0; j < m; j++) if (exact[j] >= kth) out[o++] = at[j];
+    __atomic_fetch_add(&shadow_count, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+int64_t shadow_selections(void) { return __atomic_load_n(&shadow_count, __ATOMIC_RELAXED); }  /* for tests */
 /* Phase one (n <= MAX_ROWS rows). h [n, hidden] in the model dtype; rot [n, rope/2] complex; state [n, heads,
    rank + rope] receives the absorbed, roped queries. The new kv / k_pe / indexer key of each row go to its write
    slot. With an own indexer: slots [n, topk] its selection (ascending, -1 pads) and, for a row whose k-th score is
@@ -669,6 +856,7 @@ int64_t mla_decode_select(const MlaLayer *L, const CacheRows *c, int64_t n, cons
         layernorm(k, id, L->ln_w, L->ln_b, vb, L->eps_idx, key);
         rope_pairs(key, rot + r * L->rope, P, b16);
         store_row(key, (int)c->ik_bf16, id, row_at(c->ik, c->write[r], c->ik_stride, (int)c->ik_bf16));
+        if (c->ik8) store_key_shadow(c, c->write[r], key, id);
         for (int64_t hd = 0; hd < ih; hd++) {
             float *q = iq + (r * ih + hd) * id;
             memcpy(q, z + r * n_q + H * qk + hd * id, id * sizeof(float));
@@ -684,10 +872,13 @@ int64_t mla_decode_select(const MlaLayer *L, const CacheRows *c, int64_t n, cons
         tied[r] = 0;
         for (int64_t j = 0; j < L->topk; j++) out[j] = j < nk ? j : -1;
         if (nk <= L->topk) continue;
-        float *s = scores + r * score_stride, *work = malloc(sizeof(float) * nk);
+        float *s = scores + r * score_stride, *work = malloc(sizeof(float) * 4 * nk);
+        const float *q = iq + r * ih * id, *w = iw + r * ih;
         if (!work) { n_tied = -1; break; }
-        index_scores(c, r, nk, iq + r * ih * id, iw + r * ih, ih, id, s);
-        if (top_slots(s, nk, L->topk, work, out)) { tied[r] = 1; n_tied++; }
+        int res = c->ik8 && nk >= 32 * L->topk ? shadow_top_slots(c, r, nk, L->topk, q, w, ih, id, work, out) : -1;
+        if (res != 0) index_scores(c, r, NULL, nk, q, w, ih, id, s);  /* a tie: the caller's choice reads every score */
+        if (res < 0) res = top_slots(s, nk, L->topk, work, out);
+        if (res) { tied[r] = 1; n_tied++; }
         free(work);
     }
     free(buf);

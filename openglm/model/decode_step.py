@@ -54,7 +54,7 @@ class FfnLayerC(ctypes.Structure):
 class CacheRowsC(ctypes.Structure):
     _fields_ = ([(n, _P) for n in ("kv", "pe", "ik")]
                 + [(n, _I64) for n in ("kv_stride", "pe_stride", "ik_stride", "kv_bf16", "ik_bf16")]
-                + [(n, _P) for n in ("table", "row_base", "row_keys", "write")])
+                + [(n, _P) for n in ("table", "row_base", "row_keys", "write", "ik8", "ik8_scale")])
 
 
 class Unsupported(Exception):
@@ -309,7 +309,7 @@ def _entry_specs(attn, dtype: torch.dtype) -> dict[str, tuple[int, torch.dtype]]
     """The cache entries of an MLA layer, as the torch path writes them: (width, dtype) by name."""
     specs = {"kv": (attn.rank, dtype), "k_pe": (attn.rope, dtype)}
     if attn.indexer is not None:
-        specs["index_k"] = (attn.indexer.head_dim, torch.float32)
+        specs["index_k"] = (attn.indexer.head_dim, dtype)
     return specs
 
 
@@ -325,4 +325,6 @@ def _cache_rows(rows: DecodeRows) -> CacheRowsC:
                       kv_stride=kv.stride(0), pe_stride=pe.stride(0), ik_stride=0 if ik is None else ik.stride(0),
                       kv_bf16=int(kv.dtype == torch.bfloat16), ik_bf16=int(ik is not None and ik.dtype == torch.bfloat16),
                       table=None if rows.table is None else rows.table.data_ptr(), row_base=rows.row_base.data_ptr(),
-                      row_keys=rows.row_keys.data_ptr(), write=rows.write.data_ptr())
+                      row_keys=rows.row_keys.data_ptr(), write=rows.write.data_ptr(),
+                      ik8=None if rows.shadow is None else rows.shadow.codes.data_ptr(),
+                      ik8_scale=None if rows.shadow is None else rows.shadow.scale.data_ptr())

@@ -165,12 +165,14 @@ class GlmMoeDsaForCausalLM(nn.Module):
         return self.lm_head.weight.device
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, return_aux=False,
-                logits_to_keep: int = 0, return_hidden: bool = False, return_mtp: bool = False):
+                logits_to_keep: int = 0, return_hidden: bool = False, return_mtp: bool = False,
+                return_logits: bool = True):
         """logits_to_keep: compute the logits of only the last n positions (0 = all; as in transformers): a
         long prefill then skips the [T, vocab] matrix (2 GiB for 64K tokens of the small preset).
         return_hidden: also return every position's final-norm hidden state (what the MTP layer reads).
         return_mtp (training, no cache): also run next-n layer 0 over the sequence (inside forward, so FSDP's
-        hooks cover it); its MoE aux loss joins `aux.aux_loss`."""
+        hooks cover it); its MoE aux loss joins `aux.aux_loss`. return_logits=False (with return_hidden): no LM
+        head (speculative verification applies it to the positions it keeps)."""
         self._check_ids(input_ids)
         B, T = input_ids.shape
         past = cache.get_seq_length() if cache is not None else 0
@@ -208,7 +210,9 @@ class GlmMoeDsaForCausalLM(nn.Module):
                                                       mask, None, 0, return_aux)
             if aux is not None:
                 aux.aux_loss = aux.aux_loss + mtp_aux.aux_loss
-        logits = self.lm_head(normed[:, -logits_to_keep:] if logits_to_keep else normed)
+        logits = None
+        if return_logits:
+            logits = self.lm_head(normed[:, -logits_to_keep:] if logits_to_keep else normed)
         return CausalLMOutput(logits, aux, normed if return_hidden else None, mtp_logits)
 
     def mtp_forward(self, hidden, next_ids, position_ids, attention_mask=None, cache=None, depth: int = 0,

@@ -60,7 +60,8 @@ DECODE_SIGNATURES = {"experts_swiglu": ([_P, _P, _I, _P, _P, _P, _P, _C, _I, _I,
                      "mla_decode_select": ([_P, _P, _I, _P, _P, _P, _P, _P, _I, _P], _I),
                      "mla_decode_attend": ([_P, _P, _I, _P, _P, _P, _I, _P], _C),
                      "ffn_decode": ([_P, _I, _P, _P], _C),
-                     "decode_features": ([], _C)}
+                     "decode_features": ([], _C),
+                     "shadow_selections": ([], _I)}
 DECODE_MAX_ROWS = 8  # MAX_ROWS in decode_kernels.c: the most rows per weight its kernels take
 HEADS_MAX_WIDTH = 1024  # heads_linear's per-head input and output widths (its stack buffers) are at most this
 
@@ -84,7 +85,8 @@ def decode_paths() -> str:
         return "off (torch ops)"
     f = lib.decode_features()
     return ", ".join([("bf16 vdpbf16ps" if f & 1 else "bf16 widened to fp32"),
-                      ("int8 vpdpwssd" if f & 2 else "int8 widened to fp32"), "fp32 FMA"])
+                      ("int8 vpdpwssd" if f & 2 else "int8 widened to fp32"), "fp32 FMA",
+                      ("DSA scan of the int8 key shadow (vpdpbusd)" if f & 2 else "DSA scan of the keys")])
 
 
 def _load(name: str, signatures: dict, switch: str):

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from openglm.engine import EngineConfig, LLMEngine, SamplingParams
+from openglm.engine.model_runner import ModelRunner, StepInputs
 from openglm.model import load_model
 from openglm.model.decode_step import DecodePlan
 from openglm.model.native import decode_kernels
@@ -41,3 +42,48 @@ def test_engine_native_decode_gives_the_torch_paths_tokens(tiny_checkpoint, monk
         assert native == plain
     else:  # bf16 sums in another order: tokens may part at a near-tie, but not from the start
         assert sum(a[:4] == b[:4] for a, b in zip(native, plain)) >= 4
+
+
+@pytest.mark.skipif(decode_kernels() is None or not decode_kernels().decode_features() & 2,
+                    reason="the key shadow's scan needs AVX512-VNNI")
+def test_long_prompts_select_through_the_pools_key_shadow(tiny_checkpoint, monkeypatch):
+    """Prompts past 32 x index_topk keys: the native step scans the pool's int8 key shadow (written by the torch
+    path's prefill and by the native steps alike) and gives the torch path's tokens."""
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(10, 380, (n,), generator=g).tolist() for n in (300, 333)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+    def generate(native: bool):
+        monkeypatch.setattr(DecodePlan, "create", classmethod(
+            lambda cls, *a, **kw: CREATE(cls, *a, **kw) if native else None))
+        engine = LLMEngine(load_model(str(tiny_checkpoint)), Tokenizer.from_checkpoint(str(tiny_checkpoint)),
+                           EngineConfig(block_size=16, max_model_len=512))
+        return [out.outputs[0].token_ids for out in run_requests(engine, [(p, params) for p in prompts])]
+
+    before = decode_kernels().shadow_selections()
+    native = generate(True)
+    assert decode_kernels().shadow_selections() > before
+    assert native == generate(False)
+
+
+@pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the torch path is the only one")
+def test_blocks_out_of_order_scan_the_keys_themselves(tiny_checkpoint, monkeypatch):
+    """Blocks of 8 slots in descending order: 16 positions are never 16 adjacent slots, so the native step scores
+    every key itself (no shadow bounds) and still gives the torch path's logits."""
+    prompt = torch.randint(10, 380, (300,), generator=torch.Generator().manual_seed(6)).tolist()
+    table = list(range(63, 20, -1))  # 43 blocks of 8: 344 positions
+
+    def logits(native: bool):
+        monkeypatch.setattr(DecodePlan, "create", classmethod(
+            lambda cls, *a, **kw: CREATE(cls, *a, **kw) if native else None))
+        runner = ModelRunner(load_model(str(tiny_checkpoint)), num_blocks=64, block_size=8)
+        out = [runner.execute(StepInputs([prompt], [0], [300], [table]))]
+        for i, token in enumerate((11, 12, 13)):
+            out.append(runner.execute(StepInputs([[token]], [300 + i], [1], [table])))
+        return torch.cat(out)
+
+    before = decode_kernels().shadow_selections()
+    native = logits(True)
+    assert decode_kernels().shadow_selections() == before
+    plain = logits(False)
+    assert (native - plain).abs().max() <= 1e-5 * plain.abs().max()

@@ -110,3 +110,17 @@ def test_sampling_acceptance_reproduces_target_distribution():
     assert abs(accepted / n - float(torch.minimum(p[0], q[0]).sum())) < 0.015
     same = [accept_sampled([int(torch.multinomial(p[0], 1, generator=gen))], p[:1], p, gen) for _ in range(500)]
     assert all(len(o) == 2 for o in same)
+
+
+def test_drafts_read_an_int8_copy_of_the_lm_head_kept_in_step(mtp_checkpoint):
+    """The MTP drafts' LM head is an int8 copy of the model's (a quarter of fp32's bytes per draft), within half a
+    quantisation step of each weight, and rebuilt when the head is updated in place."""
+    runner = engine_for(mtp_checkpoint, 1).runner
+    w = runner.model.lm_head.weight
+    head = runner._draft_head()
+    assert head.qdata.dtype == torch.int8 and runner._draft_head() is head
+    assert ((head.qdata.float() * head.scale - w.detach()).abs() <= head.scale / 2 + 1e-7).all()
+    with torch.no_grad():
+        w.mul_(2.0)
+    again = runner._draft_head()
+    assert again is not head and torch.allclose(again.scale, 2 * head.scale)

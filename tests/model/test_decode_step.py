@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig
+from openglm.model.cache import KeyShadow, _IndexKeyBuffer
 from openglm.model.decode_step import DecodePlan
 from openglm.model.native import decode_kernels
 
@@ -109,6 +110,67 @@ def test_tied_index_scores_select_what_the_torch_path_selects(monkeypatch):
                 layer.self_attn.indexer.weights_proj.weight.zero_()
     (a, _), (b, _), used = _both_paths(monkeypatch, m, torch.arange(3, 15)[None], 3)
     assert used == 3 and (a - b).abs().max() <= 1e-5 * b.abs().max()
+
+
+@pytest.mark.parametrize("heads,dim", [(4, 16), (4, 32), (32, 16), (2, 48), (3, 16)])
+def test_index_scan_shapes_and_long_rows_select_what_the_torch_path_selects(monkeypatch, heads, dim):
+    """The indexer scan's shape-specialised copies (4 x 16, 4 x 32), its per-key form (32 heads), its runtime-shape
+    form (2 x 48) and the one-key-at-a-time form (3 heads), over a 300-key row: past 32 x index_topk, so the
+    top-k selects among the scores above a sampled bound, with a partial last block of 16 keys."""
+    m = _model("tiny", index_n_heads=heads, index_head_dim=dim)
+    prompt = torch.randint(3, m.config.vocab_size, (1, 291), generator=torch.Generator().manual_seed(2))
+    (a, cache_a), (b, cache_b), used = _both_paths(monkeypatch, m, prompt, steps=3)
+    assert used == 3 and (a - b).abs().max() <= 1e-5 * b.abs().max()
+
+
+@pytest.mark.skipif(not decode_kernels().decode_features() & 2, reason="the key shadow's scan needs AVX512-VNNI")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_rows_select_through_the_key_shadow(monkeypatch, dtype):
+    """Past 32 x index_topk keys the scan reads the int8 shadow and rescores only the keys it cannot rule out: the
+    selection (hence every logit) is the torch path's, and the shadow the C step wrote for its new keys is the one
+    `KeyShadow.write` (the torch path's writer) makes of those keys."""
+    m = _model("tiny", dtype, index_topk=4)
+    prompt = torch.randint(3, m.config.vocab_size, (2, 400), generator=torch.Generator().manual_seed(4))
+    before = decode_kernels().shadow_selections()
+    (a, _), (b, _), used = _both_paths(monkeypatch, m, prompt, steps=3)
+    assert used == 3 and decode_kernels().shadow_selections() > before
+    assert (a - b).abs().max() <= (1e-5 if dtype == torch.float32 else 0.02) * b.abs().max()
+    cache = DynamicCache()
+    with torch.no_grad():
+        m(prompt, cache=cache)
+        m(torch.tensor([[7], [9]]), cache=cache)  # native: writes slot 400 of each row's shadow in C
+    buf = next(buf for buf in cache._buffers[0] if isinstance(buf, _IndexKeyBuffer))
+    written, cap = buf.shadow, buf.data.shape[1]
+    rewritten = KeyShadow(2 * cap, buf.widths[0])
+    slots = torch.tensor([400, cap + 400])
+    rewritten.write(slots, buf.data.reshape(2 * cap, -1)[slots])
+    blocks = slots // 16
+    assert torch.equal(written.codes[blocks], rewritten.codes[blocks])
+    assert torch.equal(written.scale[slots], rewritten.scale[slots]) and written.codes[blocks].abs().sum() > 0
+
+
+def test_key_shadow_bounds_each_key_within_half_a_step():
+    keys = torch.randn(40, 32) * torch.rand(40, 1) * 10
+    keys[3] = 0.0
+    shadow = KeyShadow(64, 32)
+    slots = torch.randperm(64)[:40]
+    shadow.write(slots, keys)
+    codes = shadow.codes[slots // 16, :, slots % 16].reshape(40, 32).float()
+    scale = shadow.scale[slots]
+    assert ((keys - codes * scale[:, None]).abs() <= scale[:, None] / 2 * (1 + 1e-5)).all()
+    assert codes.abs().amax(1)[torch.arange(40) != 3].eq(127).all() and scale[3] == 0 and codes[3].eq(0).all()
+    assert KeyShadow.for_keys(64, 30) is None  # VNNI's 4-byte groups: other widths scan the keys themselves
+
+
+def test_bf16_models_cache_bf16_index_keys(monkeypatch):
+    """A bf16 model's indexer keys are bf16 values: the cache holds them in bf16 (half the bytes every decode step
+    scans), on the native path as on the torch path."""
+    (_, cache_a), (_, cache_b), used = _both_paths(monkeypatch, _model("tiny", torch.bfloat16),
+                                                   torch.arange(3, 40)[None], 3)
+    assert used == 3
+    for cache in (cache_a, cache_b):
+        assert cache[0]["index_k"].dtype == torch.bfloat16
+    assert torch.equal(cache_a[0]["index_k"], cache_b[0]["index_k"])
 
 
 def test_native_decode_follows_weight_updates(monkeypatch):
