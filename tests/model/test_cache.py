@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig
+from openglm.model.cache import KeyShadow
 
 TOL = 1e-4
 
@@ -132,3 +133,41 @@ def test_logits_to_keep_returns_the_last_positions_only():
     with torch.no_grad():
         full, last = m(ids).logits, m(ids, logits_to_keep=2).logits
     assert last.shape == (2, 2, m.config.vocab_size) and torch.allclose(last, full[:, -2:], atol=1e-6)
+
+
+def test_key_shadow_bounds_each_key_within_half_a_step():
+    keys = torch.randn(40, 32) * torch.rand(40, 1) * 10
+    keys[3] = 0.0
+    shadow = KeyShadow(64, 32)
+    slots = torch.randperm(64)[:40]
+    shadow.write(slots, keys)
+    codes = shadow.codes[slots // 16, :, slots % 16].reshape(40, 32).float()
+    scale = shadow.scale[slots]
+    assert ((keys - codes * scale[:, None]).abs() <= scale[:, None] / 2 * (1 + 1e-5)).all()
+    assert codes.abs().amax(1)[torch.arange(40) != 3].eq(127).all() and scale[3] == 0 and codes[3].eq(0).all()
+    assert KeyShadow.for_keys(64, 30) is None  # VNNI's 4-byte groups: other widths scan the keys themselves
+
+
+def _assert_shadow_matches_keys(buf) -> None:
+    cap, n, width = buf.data.shape[1], buf.length, buf.widths[0]
+    slots = (torch.arange(buf.batch)[:, None] * cap + torch.arange(n)).flatten()
+    expected = KeyShadow(buf.batch * cap, width)
+    expected.write(slots, buf.data[:, :n].reshape(-1, width))
+    assert torch.equal(buf.shadow.scale[slots], expected.scale[slots])
+    assert torch.equal(buf.shadow.codes[slots // 16, :, slots % 16], expected.codes[slots // 16, :, slots % 16])
+
+
+def test_index_key_shadow_follows_growth_and_reorder():
+    """The `index_k` buffer's shadow holds every filled slot's codes, as `KeyShadow.write` makes them from the keys
+    the buffer holds, after appends that regrow the buffer and after a reorder (beam search)."""
+    cache, g = DynamicCache(), torch.Generator().manual_seed(0)
+    for t in (5, 300, 1, 40):  # 5 + 300 outgrows the first 256-slot capacity
+        cache.update(0, {"index_k": torch.randn(2, t, 8, generator=g)})
+    buf = cache._buffers[0][0]
+    _assert_shadow_matches_keys(buf)
+    cache.reorder(torch.tensor([1, 1]))
+    buf = cache._buffers[0][0]
+    assert torch.equal(buf.data[0], buf.data[1]) and buf.length == 346
+    _assert_shadow_matches_keys(buf)
+    cache.update(0, {"index_k": torch.randn(2, 3, 8, generator=g)})
+    _assert_shadow_matches_keys(cache._buffers[0][0])

@@ -123,7 +123,8 @@ def test_index_scan_shapes_and_long_rows_select_what_the_torch_path_selects(monk
     assert used == 3 and (a - b).abs().max() <= 1e-5 * b.abs().max()
 
 
-@pytest.mark.skipif(not decode_kernels().decode_features() & 2, reason="the key shadow's scan needs AVX512-VNNI")
+@pytest.mark.skipif(decode_kernels() is None or not decode_kernels().decode_features() & 2,
+                    reason="the key shadow's scan needs AVX512-VNNI")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_long_rows_select_through_the_key_shadow(monkeypatch, dtype):
     """Past 32 x index_topk keys the scan reads the int8 shadow and rescores only the keys it cannot rule out: the
@@ -147,19 +148,6 @@ def test_long_rows_select_through_the_key_shadow(monkeypatch, dtype):
     blocks = slots // 16
     assert torch.equal(written.codes[blocks], rewritten.codes[blocks])
     assert torch.equal(written.scale[slots], rewritten.scale[slots]) and written.codes[blocks].abs().sum() > 0
-
-
-def test_key_shadow_bounds_each_key_within_half_a_step():
-    keys = torch.randn(40, 32) * torch.rand(40, 1) * 10
-    keys[3] = 0.0
-    shadow = KeyShadow(64, 32)
-    slots = torch.randperm(64)[:40]
-    shadow.write(slots, keys)
-    codes = shadow.codes[slots // 16, :, slots % 16].reshape(40, 32).float()
-    scale = shadow.scale[slots]
-    assert ((keys - codes * scale[:, None]).abs() <= scale[:, None] / 2 * (1 + 1e-5)).all()
-    assert codes.abs().amax(1)[torch.arange(40) != 3].eq(127).all() and scale[3] == 0 and codes[3].eq(0).all()
-    assert KeyShadow.for_keys(64, 30) is None  # VNNI's 4-byte groups: other widths scan the keys themselves
 
 
 def test_bf16_models_cache_bf16_index_keys(monkeypatch):
