@@ -44,8 +44,17 @@ class KVPool:
         return self.num_slots
 
     def bytes_per_token(self) -> int:
-        shadows = sum(4 * t.codes.shape[1] + 4 for t in self.shadows.values())
+        shadows = sum(t.bytes_per_slot for t in self.shadows.values())
         return sum(t[0].numel() * t.element_size() for t in self.tensors.values()) + shadows
+
+    def write(self, layer: int, name: str, slots: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """values [n, ...] into slots [n] of the layer's `name` pool (and of its key shadow for `index_k`); returns
+        the pool."""
+        pool = self.tensor(layer, name, values[None])
+        pool[slots] = values.to(pool.dtype)
+        if name == "index_k" and layer in self.shadows:
+            self.shadows[layer].write(slots, pool[slots])
+        return pool
 
 
 class PagedBatchCache:
@@ -106,11 +115,8 @@ class PagedBatchCache:
         full = {}
         read_index, write_slots, write_rows = self._gather_plan()
         for name, new in entries.items():
-            pool = self.pool.tensor(layer_idx, name, new)
             flat = new.reshape(self.batch * self.new, *new.shape[2:])
-            pool[write_slots] = flat[write_rows].to(pool.dtype)
-            if name == "index_k" and layer_idx in self.pool.shadows:
-                self.pool.shadows[layer_idx].write(write_slots, pool[write_slots])
+            pool = self.pool.write(layer_idx, name, write_slots, flat[write_rows])
             if self.past:
                 full[name] = pool[read_index].view(self.batch, self.past + self.new, *new.shape[2:]).to(new.dtype)
             else:

@@ -14,7 +14,6 @@ import torch
 from openglm.engine.kv_cache import KVPool, PagedBatchCache
 from openglm.engine.quant import quantize_tensor
 from openglm.engine.sequence import Sequence
-from openglm.model.native import linear
 from openglm.model.quantized import QuantizedWeight
 
 PAD_WASTE = 1.3  # a row may join a group when the padded size stays within 1.3x the real tokens
@@ -107,8 +106,7 @@ class ModelRunner:
             for row, i in enumerate(group):
                 hidden[i] = x[row, len(rows[i].next_ids) - 1]
         hidden = torch.stack(hidden)
-        normed = self.model.model.mtp_layers[0].shared_head.norm(hidden)
-        return linear(normed, self._draft_head()).float(), hidden
+        return self.model.mtp_logits(hidden, head=self._draft_head()).float(), hidden
 
     def _draft_head(self) -> torch.Tensor:
         """The LM head weight the MTP drafts go through: an int8 copy of an fp32/bf16 head (a quarter / half of the

@@ -55,6 +55,10 @@ class KeyShadow:
     def for_keys(cls, slots: int, width: int) -> "KeyShadow | None":
         return cls(slots, width) if width % 4 == 0 else None
 
+    @property
+    def bytes_per_slot(self) -> int:
+        return self.codes[0].numel() // 16 + self.scale.element_size()
+
     def write(self, slots: torch.Tensor, keys: torch.Tensor) -> None:
         """keys [n, width] (any float dtype) at slots [n]."""
         k = keys.float()
@@ -130,10 +134,8 @@ class _IndexKeyBuffer(_LayerBuffer):
     def append(self, entries: dict[str, torch.Tensor]) -> None:
         start = self.length
         super().append(entries)
-        if self.shadow is None:
-            return
-        slots = torch.arange(self.batch)[:, None] * self.data.shape[1] + torch.arange(start, self.length)
-        self.shadow.write(slots.flatten(), entries["index_k"].reshape(-1, self.widths[0]))
+        if self.shadow is not None:
+            self.shadow.write(self._slots(start), entries["index_k"].reshape(-1, self.widths[0]))
 
     def _reserve(self, needed: int) -> None:
         capacity = self.data.shape[1]
@@ -148,10 +150,12 @@ class _IndexKeyBuffer(_LayerBuffer):
     def _rebuild(self) -> None:
         capacity = self.data.shape[1]
         self.shadow = KeyShadow.for_keys(self.batch * capacity, self.widths[0])
-        if self.shadow is None:
-            return
-        slots = torch.arange(self.batch)[:, None] * capacity + torch.arange(self.length)
-        self.shadow.write(slots.flatten(), self.data[:, : self.length].reshape(-1, self.widths[0]))
+        if self.shadow is not None:
+            self.shadow.write(self._slots(0), self.data[:, : self.length].reshape(-1, self.widths[0]))
+
+    def _slots(self, start: int) -> torch.Tensor:
+        """The slots of positions start .. length - 1 of every sequence, sequence-major."""
+        return (torch.arange(self.batch)[:, None] * self.data.shape[1] + torch.arange(start, self.length)).flatten()
 
 
 def _buffer(entries: dict[str, torch.Tensor]) -> _LayerBuffer:

@@ -566,7 +566,6 @@ static float kth_best(const float *s, int64_t n, int64_t k, float *work) {
     if (n >= 32 * k) {
         for (int64_t i = 0; i < n; i += 8) sel[m++] = s[i];
         const float bound = kth_largest(sel, m, 2 * k / 8 + 1);  /* ~ the 2k-th largest: below the k-th */
-        m = 0;
         m = scores_at_least(s, n, bound, work, NULL);
     }
     if (m < k) {  /* a short row, or too few above the bound: every score is a candidate */
@@ -576,14 +575,15 @@ static float kth_best(const float *s, int64_t n, int64_t k, float *work) {
     return kth_largest(work, m, k);  /* every score >= the k-th is >= the bound: all are candidates */
 }
 
-/* The k best of s[0..n) as ascending slots into out (k < n); work: 2n floats. Returns 1, writing nothing, when the
-   k-th score is tied beyond the places left: which tied keys win is then torch.topk's choice, made by the caller. */
-static int top_slots(const float *s, int64_t n, int64_t k, float *work, int64_t *out) {
+/* The k best of the scores s[0..n) of keys at[0..n) (at NULL: keys 0..n-1; ascending either way) as ascending slots
+   into out (k < n); work: 2n floats. Returns 1, writing nothing, when the k-th score is tied beyond the places left:
+   which tied keys win is then torch.topk's choice, made by the caller. */
+static int top_slots(const float *s, const int32_t *at, int64_t n, int64_t k, float *work, int64_t *out) {
     const float kth = kth_best(s, n, k, work);
     int64_t above = 0, equal = 0;
     for (int64_t i = 0; i < n; i++) { above += s[i] > kth; equal += s[i] == kth; }
     if (above + equal > k) return 1;
-    for (int64_t i = 0, j = 0; i < n; i++) if (s[i] >= kth) out[j++] = i;
+    for (int64_t i = 0, j = 0; i < n; i++) if (s[i] >= kth) out[j++] = at ? at[i] : i;
     return 0;
 }
 
@@ -666,12 +666,14 @@ static inline __attribute__((always_inline)) void scan_keys(const CacheRows *c, 
     }
 }
 
-/* The indexer's score of n of row r's keys (idx as `scan_keys`): sum_h iw[h] relu(q_h . k), q [ih, id]. The shapes of
-   the presets (and GLM-5's, DeepSeek-V3.2's) get a copy of `scan_keys` of their own. */
+/* The indexer shapes (heads, width) that get compiled copies of the scans: the presets', GLM-5's, DeepSeek-V3.2's. */
+#define INDEX_SHAPES(X) X(4, 16) X(4, 32) X(4, 64) X(4, 128) X(8, 64) X(8, 128) X(16, 128) X(32, 128) X(64, 128)
+
+/* The indexer's score of n of row r's keys (idx as `scan_keys`): sum_h iw[h] relu(q_h . k), q [ih, id]. */
 static void index_scores(const CacheRows *c, int64_t r, const int32_t *idx, int64_t n, const float *q, const float *iw,
                          int64_t ih, int64_t id, float *s) {
 #define SCAN(IH, ID) if (ih == IH && id == ID) { scan_keys(c, r, idx, n, q, iw, IH, ID, s); return; }
-    SCAN(4, 16) SCAN(4, 32) SCAN(4, 64) SCAN(4, 128) SCAN(8, 64) SCAN(8, 128) SCAN(16, 128) SCAN(32, 128) SCAN(64, 128)
+    INDEX_SHAPES(SCAN)
 #undef SCAN
     if (id % 16 == 0 && ih <= 64 && ((ih < 16 && 16 % ih == 0) || ih % 16 == 0)) {
         scan_keys(c, r, idx, n, q, iw, (int)ih, (int)id, s);
@@ -756,8 +758,7 @@ static inline __attribute__((always_inline)) int shadow_bounds(const CacheRows *
 static int shadow_bounds_any(const CacheRows *c, int64_t r, int64_t n, const uint8_t *qu, const float *g,
                              const float *w, float A, float B, int64_t ih, int64_t id, float *lo, float *up) {
 #define BOUNDS(IH, ID) if (ih == IH && id == ID) return shadow_bounds(c, r, n, qu, g, w, A, B, IH, ID, lo, up);
-    BOUNDS(4, 16) BOUNDS(4, 32) BOUNDS(4, 64) BOUNDS(4, 128) BOUNDS(8, 64) BOUNDS(8, 128) BOUNDS(16, 128)
-    BOUNDS(32, 128) BOUNDS(64, 128)
+    INDEX_SHAPES(BOUNDS)
 #undef BOUNDS
     return id % 4 ? -1 : shadow_bounds(c, r, n, qu, g, w, A, B, (int)ih, (int)id, lo, up);
 }
@@ -790,19 +791,14 @@ static int shadow_top_slots(const CacheRows *c, int64_t r, int64_t nk, int64_t k
     A *= 0.5f * 1.0625f;  /* the margin covers fp32 rounding in the bounds and in the exact scores */
     B *= 0.5f * 1.0625f;
     float *lo = work, *up = work + nk, *tmp = work + 2 * nk;
-    if (id % 4 || shadow_bounds_any(c, r, nk, qu, g, w, A, B, ih, id, lo, up) < 0) return -1;
+    if (shadow_bounds_any(c, r, nk, qu, g, w, A, B, ih, id, lo, up) < 0) return -1;
     const float floor_k = kth_best(lo, nk, k, tmp);  /* at least k keys score >= this */
     int32_t *at = (int32_t *)lo;
     const int64_t m = scores_at_least(up, nk, floor_k, tmp, at);
     if (m < k || m > nk / 8) return -1;  /* a NaN, or bounds too wide to pay (many scores tied at 0): score every key */
     float *exact = up;
     index_scores(c, r, at, m, q, w, ih, id, exact);
-    memcpy(tmp, exact, m * sizeof(float));
-    const float kth = kth_largest(tmp, m, k);
-    int64_t above = 0, equal = 0;
-    for (int64_t j = 0; j < m; j++) { above += exact[j] > kth; equal += exact[j] == kth; }
-    if (above + equal > k) return 1;
-    for (int64_t j = 0, o = 0; j < m; j++) if (exact[j] >= kth) out[o++] = at[j];
+    if (top_slots(exact, at, m, k, tmp, out)) return 1;  /* every key tied at the k-th score is a candidate */
     __atomic_fetch_add(&shadow_count, 1, __ATOMIC_RELAXED);
     return 0;
 }
@@ -876,8 +872,8 @@ int64_t mla_decode_select(const MlaLayer *L, const CacheRows *c, int64_t n, cons
         const float *q = iq + r * ih * id, *w = iw + r * ih;
         if (!work) { n_tied = -1; break; }
         int res = c->ik8 && nk >= 32 * L->topk ? shadow_top_slots(c, r, nk, L->topk, q, w, ih, id, work, out) : -1;
-        if (res != 0) index_scores(c, r, NULL, nk, q, w, ih, id, s);  /* a tie: the caller's choice reads every score */
-        if (res < 0) res = top_slots(s, nk, L->topk, work, out);
+        if (res != 0) index_scores(c, r, NULL, nk, q, w, ih, id, s);  /* the top-k below, or the caller's tie-break */
+        if (res < 0) res = top_slots(s, NULL, nk, L->topk, work, out);
         if (res) { tied[r] = 1; n_tied++; }
         free(work);
     }

@@ -239,9 +239,11 @@ class GlmMoeDsaForCausalLM(nn.Module):
         logits = self.mtp_logits(x, depth) if return_logits else None
         return logits, x, (self._collect([stats] if stats is not None else [], x) if return_aux else None)
 
-    def mtp_logits(self, mtp_hidden: torch.Tensor, depth: int = 0) -> torch.Tensor:
-        """The shared LM head over a next-n layer's output (after that layer's shared_head.norm)."""
-        return self.lm_head(self.model.mtp_layers[depth].shared_head.norm(mtp_hidden))
+    def mtp_logits(self, mtp_hidden: torch.Tensor, depth: int = 0, head: torch.Tensor | None = None) -> torch.Tensor:
+        """The shared LM head over a next-n layer's output (after that layer's shared_head.norm); `head`: another
+        weight for it (the engine's drafts read an int8 copy)."""
+        normed = self.model.mtp_layers[depth].shared_head.norm(mtp_hidden)
+        return self.lm_head(normed) if head is None else linear(normed, head)
 
     def _check_ids(self, input_ids: torch.Tensor) -> None:
         if input_ids.dim() != 2:
