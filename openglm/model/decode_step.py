@@ -23,7 +23,7 @@ from torch.nn.modules import module as torch_module  # its registry of hooks on 
 
 from openglm.model.cache import DecodeRows
 from openglm.model.moe import MLP, Experts, MoE
-from openglm.model.native import DECODE_MAX_ROWS, decode_kernels, kernel_weight
+from openglm.model.native import DECODE_MAX_ROWS, STEP_MAX_WIDTH, decode_kernels, kernel_weight
 from openglm.model.quantized import QuantizedWeight
 from openglm.model.sparse_dsa import topk_slots
 from openglm.model.weights import fused_rows
@@ -220,6 +220,8 @@ def _build(layer):
         raise Unsupported("dtype or attention type")
     mla, keep_a = _mla_params(layer)
     ffn, keep_f = _ffn_params(layer)
+    if max(mla.hidden, mla.rank, ffn.n_experts, mla.idx_heads * mla.idx_dim) > STEP_MAX_WIDTH:
+        raise Unsupported("widths beyond the native step's stack buffers")  # a checkpoint's config is untrusted
     return mla, ffn, keep_a + keep_f
 
 

@@ -197,3 +197,19 @@ def test_padded_batches_and_training_take_the_torch_path(monkeypatch):
           cache=cache)
     m(torch.tensor([[7]]), cache=DynamicCache()).logits.sum().backward()  # autograd on
     assert spy.used == 0
+
+
+def test_widths_beyond_the_native_buffers_take_the_torch_path(monkeypatch):
+    """The native step keeps per-row buffers of the config's widths on the C stack: a checkpoint whose widths pass
+    the limit (here lowered to the tiny preset's hidden size) decodes on the torch path instead of overflowing it."""
+    import openglm.model.decode_step as decode_step
+
+    monkeypatch.setattr(decode_step, "STEP_MAX_WIDTH", 63)  # tiny: hidden 64
+    m = _model("tiny")
+    spy = Spy(monkeypatch)
+    reference = _decode(m, torch.arange(3, 12)[None], 2)[0]
+    assert spy.used == 0 and torch.isfinite(reference).all()
+    monkeypatch.setattr(decode_step, "STEP_MAX_WIDTH", 64)
+    m.model.layers[0].self_attn.o_proj.weight = m.model.layers[0].self_attn.o_proj.weight  # a registration: rebuild
+    assert (_decode(m, torch.arange(3, 12)[None], 2)[0] - reference).abs().max() <= 1e-5 * reference.abs().max()
+    assert spy.used == 2
