@@ -26,7 +26,7 @@ from openglm.model.moe import MLP, Experts, MoE
 from openglm.model.native import DECODE_MAX_ROWS, STEP_MAX_WIDTH, decode_kernels, kernel_weight
 from openglm.model.quantized import QuantizedWeight
 from openglm.model.sparse_dsa import topk_slots
-from openglm.model.weights import fused_rows
+from openglm.model.weights import derived_weight, fused_rows
 
 _I64, _F32, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -173,29 +173,20 @@ def layer_params(layer) -> tuple[MlaLayerC, FfnLayerC] | None:
         state = layer.__dict__["_decode_state"] = _LayerState(layer)
     if _global_hooks() or any(m._forward_hooks or m._forward_pre_hooks for m in state.modules):
         return None  # hooks (tensor-parallel all-reduces, user probes) need the module calls of the torch path
-    if state.sources is None:
-        return None
-    key = ([t.data_ptr() for t in state.sources], [t._version for t in state.sources])
-    if key != state.key:
-        state.key = key
-        try:
-            state.built = _build(layer)
-        except Unsupported:
-            state.built = None
-    return None if state.built is None else state.built[:2]
+    built = derived_weight(layer, "decode_step", state.sources, lambda *_: _built_or_none(layer))
+    return None if built is None else built[:2]
 
 
 class _LayerState:
-    """A layer's modules and weight tensors as of `registrations`, and its built native parameters."""
+    """A layer's modules and weight tensors as of `registrations` (walking the module tree every step cost ~20 us a
+    layer)."""
 
     def __init__(self, layer):
-        self.registrations, self.key, self.built = _registrations, None, None
+        self.registrations = _registrations
         self.modules = list(layer.modules())
         # Quantised weights are buffers; the router's correction bias (a plain buffer) is passed on every call.
-        sources = [t for m in self.modules for t in m._parameters.values() if t is not None]
-        sources += [t for m in self.modules for t in m._buffers.values() if isinstance(t, QuantizedWeight)]
-        # Inference tensors have no version counter (and their layer no fused weights): the torch path runs.
-        self.sources = None if any(t.is_inference() for t in sources) else sources
+        self.sources = [t for m in self.modules for t in m._parameters.values() if t is not None]
+        self.sources += [t for m in self.modules for t in m._buffers.values() if isinstance(t, QuantizedWeight)]
 
 
 _registrations = 0  # parameters, buffers and submodules assigned on any module since import
@@ -213,6 +204,14 @@ torch_module.register_module_module_registration_hook(_count_registration)
 
 def _global_hooks() -> bool:
     return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
+
+
+def _built_or_none(layer):
+    """`_build`, or None (cached by `derived_weight` like a build: no retry until a weight changes)."""
+    try:
+        return _build(layer)
+    except Unsupported:
+        return None
 
 
 def _build(layer):
