@@ -122,12 +122,12 @@ def follow_steps(runner: ModelRunner) -> None:
         runner.execute(message[0])
 
 
-def exit_follower() -> NoReturn:
-    """A follower rank's end, after `follow_steps` returned: exit without the interpreter's teardown. A follower
-    aborted with `terminate called without an active exception` in one of stop 22's CI runs and one of three on
-    2026-12-04 (a follower rank both times), failing the torchrun job after the work was done; the likely cause
-    is the gloo group, still referenced by the sharded experts, being destroyed during interpreter shutdown.
-    A follower has nothing left to save."""
+def exit_rank() -> NoReturn:
+    """A torchrun rank's end once it has left the group (`leave_group`) and saved what it has: exit without the
+    interpreter's teardown. A rank aborted with `terminate called without an active exception` in that teardown
+    after the work was done, failing the torchrun job: a follower in one of stop 22's CI runs and one of three on
+    2026-12-04, and, once followers exited this way, rank 0 in one of five CI runs later that day. The likely
+    cause is the gloo group, still referenced by the sharded experts, destroyed during interpreter shutdown."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

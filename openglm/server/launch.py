@@ -16,7 +16,7 @@ from openglm.engine import EngineConfig, LLMEngine
 from openglm.engine.quant import quantize_model
 from openglm.tokenizer import Tokenizer
 from openglm.engine.model_runner import ModelRunner
-from openglm.engine.parallel import BroadcastingModelRunner, exit_follower, follow_steps, shard_for_serving
+from openglm.engine.parallel import BroadcastingModelRunner, exit_rank, follow_steps, shard_for_serving
 from openglm.model.checkpoint import load_model, read_config, resolve_checkpoint
 from openglm.model.parallel import check_serving_layout
 from openglm.server.app import create_app
@@ -77,7 +77,7 @@ def serve_deploy(cfg: DeployConfig, api_key: str | None, limits: ServerLimits, p
     built = build_parallel_engine(cfg)
     if isinstance(built, ModelRunner):  # a follower rank
         follow_steps(built)
-        exit_follower()
+        exit_rank()
     for note in unused_fields(cfg, built.config.num_speculative_tokens > 0):
         print(f"openglm serve: note: {note}", file=sys.stderr)
     app = create_app(built, cfg.name, api_key=api_key, public_metrics=public_metrics, limits=limits)
@@ -89,4 +89,6 @@ def serve_deploy(cfg: DeployConfig, api_key: str | None, limits: ServerLimits, p
     finally:
         if isinstance(built.runner, BroadcastingModelRunner):
             built.runner.stop_followers()
+    if isinstance(built.runner, BroadcastingModelRunner):
+        exit_rank()  # rank 0 of a torchrun job, the server stopped cleanly
     return 0

@@ -7,7 +7,7 @@ import torch
 
 from openglm.engine import SamplingParams
 from openglm.engine.model_runner import ModelRunner
-from openglm.engine.parallel import exit_follower, follow_steps
+from openglm.engine.parallel import exit_rank, follow_steps
 from openglm.server.deploy_config import load_deploy_config
 from openglm.server.launch import build_parallel_engine
 
@@ -32,7 +32,7 @@ if __name__ == "__main__":
     built = build_parallel_engine(load_deploy_config(sys.argv[1]))
     if isinstance(built, ModelRunner):
         follow_steps(built)
-        exit_follower()
     else:
         torch.save(generate(built), sys.argv[2])
         built.runner.stop_followers()
+    exit_rank()
