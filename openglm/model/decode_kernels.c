@@ -642,10 +642,11 @@ static inline __attribute__((always_inline)) v16 scores16(const char *const *k, 
     return pairsum_tree(out, 16);
 }
 
-/* `scores16` over n of row r's keys, read where the cache holds them: s[i] = the score of key idx[i] (idx NULL: key i). */
-static inline __attribute__((always_inline)) void scan_keys(const CacheRows *c, int64_t r, const int32_t *idx, int64_t n,
-                                                            const float *q, const float *w, const int IH, const int ID,
-                                                            float *s) {
+/* `scores16` over n of row r's keys, read where the cache holds them: s[i] = the score of key idx[i] (idx NULL: key
+   from + i). */
+static inline __attribute__((always_inline)) void scan_keys(const CacheRows *c, int64_t r, const int32_t *idx,
+                                                            int64_t from, int64_t n, const float *q, const float *w,
+                                                            const int IH, const int ID, float *s) {
     const int b16 = (int)c->ik_bf16;
     v16 wpat = {0};
     for (int p = 0; p < 16 && IH < 16; p++) wpat[p] = w[p % IH];
@@ -653,13 +654,14 @@ static inline __attribute__((always_inline)) void scan_keys(const CacheRows *c, 
         const char *k[16];
         for (int t = 0; t < 16; t++) {  /* past the last key: the last key again, its scores dropped */
             const int64_t j = i + t < n ? i + t : n - 1;
-            k[t] = row_at(c->ik, slot_of(c, r, idx ? idx[j] : j), c->ik_stride, b16);
+            k[t] = row_at(c->ik, slot_of(c, r, idx ? idx[j] : from + j), c->ik_stride, b16);
         }
-        if (c->table && !idx && i + 48 <= n)  /* paged: the rows 32 keys ahead need not follow these (adjacent rows
-                                                 gained nothing from software prefetch) */
+        if ((c->table || idx) && i + 48 <= n)  /* paged, or chosen keys: the rows 32 keys ahead need not follow
+                                                   these (adjacent rows gained nothing from software prefetch) */
             for (int t = 32; t < 48; t++)
                 for (int byte = 0; byte < ID * (b16 ? 2 : 4); byte += 64)
-                    __builtin_prefetch((const char *)row_at(c->ik, slot_of(c, r, i + t), c->ik_stride, b16) + byte);
+                    __builtin_prefetch((const char *)row_at(c->ik, slot_of(c, r, idx ? idx[i + t] : from + i + t),
+                                                            c->ik_stride, b16) + byte);
         const v16 sc = scores16(k, b16, q, w, wpat, IH, ID);
         if (i + 16 <= n) memcpy(s + i, &sc, sizeof sc);
         else for (int64_t t = 0; t < n - i; t++) s[i + t] = sc[t];
@@ -669,20 +671,20 @@ static inline __attribute__((always_inline)) void scan_keys(const CacheRows *c, 
 /* The indexer shapes (heads, width) that get compiled copies of the scans: the presets', GLM-5's, DeepSeek-V3.2's. */
 #define INDEX_SHAPES(X) X(4, 16) X(4, 32) X(4, 64) X(4, 128) X(8, 64) X(8, 128) X(16, 128) X(32, 128) X(64, 128)
 
-/* The indexer's score of n of row r's keys (idx as `scan_keys`): sum_h iw[h] relu(q_h . k), q [ih, id]. */
-static void index_scores(const CacheRows *c, int64_t r, const int32_t *idx, int64_t n, const float *q, const float *iw,
-                         int64_t ih, int64_t id, float *s) {
-#define SCAN(IH, ID) if (ih == IH && id == ID) { scan_keys(c, r, idx, n, q, iw, IH, ID, s); return; }
+/* The indexer's score of n of row r's keys (idx, from as `scan_keys`): sum_h iw[h] relu(q_h . k), q [ih, id]. */
+static void index_scores(const CacheRows *c, int64_t r, const int32_t *idx, int64_t from, int64_t n, const float *q,
+                         const float *iw, int64_t ih, int64_t id, float *s) {
+#define SCAN(IH, ID) if (ih == IH && id == ID) { scan_keys(c, r, idx, from, n, q, iw, IH, ID, s); return; }
     INDEX_SHAPES(SCAN)
 #undef SCAN
     if (id % 16 == 0 && ih <= 64 && ((ih < 16 && 16 % ih == 0) || ih % 16 == 0)) {
-        scan_keys(c, r, idx, n, q, iw, (int)ih, (int)id, s);
+        scan_keys(c, r, idx, from, n, q, iw, (int)ih, (int)id, s);
         return;
     }
     const int b16 = (int)c->ik_bf16;
     float kf[id];
     for (int64_t i = 0; i < n; i++) {  /* other shapes one key at a time */
-        load_row(row_at(c->ik, slot_of(c, r, idx ? idx[i] : i), c->ik_stride, b16), b16, id, kf);
+        load_row(row_at(c->ik, slot_of(c, r, idx ? idx[i] : from + i), c->ik_stride, b16), b16, id, kf);
         float sc = 0.0f;
         for (int64_t hd = 0; hd < ih; hd++) {
             const float d = dot(q + hd * id, kf, id);
@@ -709,73 +711,95 @@ static void store_key_shadow(const CacheRows *c, int64_t slot, const float *key,
     c->ik8_scale[slot] = amax / 127.0f;
 }
 
+typedef struct {  /* a query rounded for the shadow scan: u [IH, ID] int8, off[h] = 128 sum_d u_h[d], g, w, A, B as above */
+    const int8_t *u;
+    const int32_t *off;
+    const float *g, *w;
+    float A, B;
+} ShadowQuery;
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* lo[i], up[i] = the bounds of key i's score (0 <= i < n) from the shadow, 16 keys a step (lanes = keys: no sums across
-   lanes); qu [IH, ID]: u_h + 128 as unsigned bytes (vpdpbusd multiplies unsigned by signed bytes: the 128 * sum(c_t) it
-   adds is taken off). -1 when 16 positions are not 16 adjacent slots from a multiple of 16 (a paged cache of another
-   block size): the caller scores every key. */
+   lanes), and bmax[i / 16] the largest lo of each 16. vpdpbusd multiplies unsigned by signed bytes: the codes go in as
+   c_t + 128 (one xor), the query as u_h, and the 128 sum(u_h) that adds is taken off. -1 when 16 positions are not 16
+   adjacent slots from a multiple of 16 (a paged cache of another block size): the caller scores every key. */
 static inline __attribute__((always_inline)) int shadow_bounds(const CacheRows *c, int64_t r, int64_t n,
-                                                               const uint8_t *qu, const float *g, const float *w, float A,
-                                                               float B, const int IH, const int ID, float *lo, float *up) {
+                                                               const ShadowQuery *sq, const int IH, const int ID,
+                                                               float *lo, float *up, float *bmax) {
     const int HB = IH < 8 ? IH : 8;  /* heads per pass over a block: their sums stay in registers */
-    const __m512i ones = _mm512_set1_epi8(1);
+    const __m512i ones = _mm512_set1_epi8(1), bias = _mm512_set1_epi8(-128);
     for (int64_t i = 0; i < n; i += 16) {
         const int64_t m = n - i < 16 ? n - i : 16, slot = slot_of(c, r, i);
         if (slot % 16 || slot_of(c, r, i + m - 1) != slot + m - 1) return -1;
         const int8_t *blk = c->ik8 + slot * ID;
-        __m512i sum = _mm512_setzero_si512(), l1 = _mm512_setzero_si512();
+        __m512i l1 = _mm512_setzero_si512();
         v16 score = {0};
         for (int h0 = 0; h0 < IH; h0 += HB) {
             __m512i acc[HB];
             for (int h = 0; h < HB; h++) acc[h] = _mm512_setzero_si512();
 #pragma GCC unroll 8
             for (int q4 = 0; q4 < ID / 4; q4++) {
-                const __m512i codes = _mm512_loadu_si512(blk + q4 * 64);
-                if (h0 == 0) {
-                    sum = _mm512_dpbusd_epi32(sum, ones, codes);
-                    l1 = _mm512_dpbusd_epi32(l1, ones, _mm512_abs_epi8(codes));
-                }
+                const __m512i codes = _mm512_loadu_si512(blk + q4 * 64), biased = _mm512_xor_si512(codes, bias);
+                if (h0 == 0) l1 = _mm512_dpbusd_epi32(l1, ones, _mm512_abs_epi8(codes));
 #pragma GCC unroll 8
                 for (int h = 0; h < HB; h++) {
                     int32_t u4;
-                    memcpy(&u4, qu + (h0 + h) * ID + 4 * q4, 4);
-                    acc[h] = _mm512_dpbusd_epi32(acc[h], _mm512_set1_epi32(u4), codes);
+                    memcpy(&u4, sq->u + (h0 + h) * ID + 4 * q4, 4);
+                    acc[h] = _mm512_dpbusd_epi32(acc[h], biased, _mm512_set1_epi32(u4));
                 }
             }
             for (int h = 0; h < HB; h++) {
-                const v16 dot = (v16)_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[h], _mm512_slli_epi32(sum, 7)));
-                score += w[h0 + h] * relu(dot * g[h0 + h]);
+                const v16 dot = (v16)_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[h], _mm512_set1_epi32(sq->off[h0 + h])));
+                score += sq->w[h0 + h] * relu(dot * sq->g[h0 + h]);
             }
         }
         const v16 sc = load_f32(c->ik8_scale + slot), a = score * sc;
-        const v16 b = sc * (A + B * (v16)_mm512_cvtepi32_ps(l1));
+        const v16 b = sc * (sq->A + sq->B * (v16)_mm512_cvtepi32_ps(l1));
         v16 l = a - b, u = a + b;
         memcpy(lo + i, &l, m * sizeof(float));
         memcpy(up + i, &u, m * sizeof(float));
+        for (int64_t t = m; t < 16; t++) l[t] = -INFINITY;
+        bmax[i / 16] = _mm512_reduce_max_ps((__m512)l);
     }
     return 0;
 }
-static int shadow_bounds_any(const CacheRows *c, int64_t r, int64_t n, const uint8_t *qu, const float *g,
-                             const float *w, float A, float B, int64_t ih, int64_t id, float *lo, float *up) {
-#define BOUNDS(IH, ID) if (ih == IH && id == ID) return shadow_bounds(c, r, n, qu, g, w, A, B, IH, ID, lo, up);
+static int shadow_bounds_any(const CacheRows *c, int64_t r, int64_t n, const ShadowQuery *sq, int64_t ih, int64_t id,
+                             float *lo, float *up, float *bmax) {
+#define BOUNDS(IH, ID) if (ih == IH && id == ID) return shadow_bounds(c, r, n, sq, IH, ID, lo, up, bmax);
     INDEX_SHAPES(BOUNDS)
 #undef BOUNDS
-    return id % 4 ? -1 : shadow_bounds(c, r, n, qu, g, w, A, B, (int)ih, (int)id, lo, up);
+    return id % 4 ? -1 : shadow_bounds(c, r, n, sq, (int)ih, (int)id, lo, up, bmax);
 }
 #else
-static int shadow_bounds_any(const CacheRows *c, int64_t r, int64_t n, const uint8_t *qu, const float *g,
-                             const float *w, float A, float B, int64_t ih, int64_t id, float *lo, float *up) {
-    (void)c; (void)r; (void)n; (void)qu; (void)g; (void)w; (void)A; (void)B; (void)ih; (void)id; (void)lo; (void)up;
+static int shadow_bounds_any(const CacheRows *c, int64_t r, int64_t n, const ShadowQuery *sq, int64_t ih, int64_t id,
+                             float *lo, float *up, float *bmax) {
+    (void)c; (void)r; (void)n; (void)sq; (void)ih; (void)id; (void)lo; (void)up; (void)bmax;
     return -1;  /* without VNNI the exact scan is the faster one */
 }
 #endif
 
+/* The k-th largest of lo[0..n) given bmax[0..nb), the maximum of each block of 16 (nb >= 2k): the k-th largest maximum
+   of ~4k groups of blocks, a k-th largest among a subset of lo, bounds it from below; then a selection among the few at
+   or above that (2-4x faster than sampling every 8th of 64K bounds). NaN when no k bounds reach it (NaN bounds). bmax
+   is reused; work: n floats. */
+static float kth_from_block_max(const float *lo, int64_t n, float *bmax, int64_t nb, int64_t k, float *work) {
+    const int64_t per = nb / (4 * k) > 1 ? nb / (4 * k) : 1, groups = (nb + per - 1) / per;
+    for (int64_t g = 0; g < groups; g++) {
+        float mx = bmax[g * per];
+        for (int64_t b = g * per + 1; b < (g + 1) * per && b < nb; b++) mx = fmaxf(mx, bmax[b]);
+        bmax[g] = mx;
+    }
+    const int64_t m = scores_at_least(lo, n, kth_largest(bmax, groups, k), work, NULL);
+    return m >= k ? kth_largest(work, m, k) : NAN;
+}
+
 /* `top_slots` for row r's nk keys through the shadow: 0 (out written), 1 (the k-th exact score is tied beyond the
    places left), -1 (no bounds for this row, or a NaN: the caller scores every key). work: 4 nk floats. */
-static int64_t shadow_count;  /* selections `shadow_top_slots` made (tests check the path ran) */
+static int64_t path_count[2];  /* selections made by `shadow_top_slots` and `first_zero_slots` (tests check they ran) */
 static int shadow_top_slots(const CacheRows *c, int64_t r, int64_t nk, int64_t k, const float *q, const float *w,
                             int64_t ih, int64_t id, float *work, int64_t *out) {
-    uint8_t qu[ih * id];
+    int8_t u[ih * id];
+    int32_t off[ih];
     float g[ih], A = 0.0f, B = 0.0f, w_max = -INFINITY;
     for (int64_t h = 0; h < ih; h++) w_max = fmaxf(w_max, w[h]);
     if (!(w_max > 0.0f)) return -1;  /* no score above 0, and every key with no positive dot ties at 0 */
@@ -783,26 +807,56 @@ static int shadow_top_slots(const CacheRows *c, int64_t r, int64_t nk, int64_t k
         float amax = 0.0f, l1 = 0.0f;
         for (int64_t d = 0; d < id; d++) { amax = fmaxf(amax, fabsf(q[h * id + d])); l1 += fabsf(q[h * id + d]); }
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        for (int64_t d = 0; d < id; d++) qu[h * id + d] = (uint8_t)(lrintf(q[h * id + d] * inv) + 128);
+        off[h] = 0;
+        for (int64_t d = 0; d < id; d++) {
+            u[h * id + d] = (int8_t)lrintf(q[h * id + d] * inv);
+            off[h] += 128 * u[h * id + d];
+        }
         g[h] = amax / 127.0f;
         A += fabsf(w[h]) * l1;
         B += fabsf(w[h]) * g[h];
     }
-    A *= 0.5f * 1.0625f;  /* the margin covers fp32 rounding in the bounds and in the exact scores */
-    B *= 0.5f * 1.0625f;
-    float *lo = work, *up = work + nk, *tmp = work + 2 * nk;
-    if (shadow_bounds_any(c, r, nk, qu, g, w, A, B, ih, id, lo, up) < 0) return -1;
-    const float floor_k = kth_best(lo, nk, k, tmp);  /* at least k keys score >= this */
+    /* the margin covers fp32 rounding in the bounds and in the exact scores */
+    const ShadowQuery sq = {u, off, g, w, A * 0.5f * 1.0625f, B * 0.5f * 1.0625f};
+    const int64_t nb = (nk + 15) / 16;
+    float *lo = work, *up = work + nk, *tmp = work + 2 * nk, *bmax = work + 3 * nk;
+    if (shadow_bounds_any(c, r, nk, &sq, ih, id, lo, up, bmax) < 0) return -1;
+    const float floor_k = kth_from_block_max(lo, nk, bmax, nb, k, tmp);  /* at least k keys score >= this */
+    if (floor_k != floor_k) return -1;
     int32_t *at = (int32_t *)lo;
     const int64_t m = scores_at_least(up, nk, floor_k, tmp, at);
-    if (m < k || m > nk / 8) return -1;  /* a NaN, or bounds too wide to pay (many scores tied at 0): score every key */
+    /* a NaN, or bounds too wide to pay: rescoring a chosen key costs ~2.5x one of the full scan's */
+    if (m < k || m > nk / 3) return -1;
     float *exact = up;
-    index_scores(c, r, at, m, q, w, ih, id, exact);
+    index_scores(c, r, at, 0, m, q, w, ih, id, exact);
     if (top_slots(exact, at, m, k, tmp, out)) return 1;  /* every key tied at the k-th score is a candidate */
-    __atomic_fetch_add(&shadow_count, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&path_count[0], 1, __ATOMIC_RELAXED);
     return 0;
 }
-int64_t shadow_selections(void) { return __atomic_load_n(&shadow_count, __ATOMIC_RELAXED); }  /* for tests */
+int64_t path_selections(int64_t path) { return __atomic_load_n(&path_count[path & 1], __ATOMIC_RELAXED); }
+
+/* A row whose index head weights are all <= 0 scores every key <= 0 (a random-weight indexer: 1 row in 16 with 4
+   heads), and when at least k keys score exactly 0, their maximum, torch.topk over n >= 64 k scores (a partial sort:
+   a heap of the first k that admits only a strictly greater score) keeps the first k of them in key order. So does
+   this, scoring keys in order until it has k (~16 k keys, not nk; the caller's torch.topk tie-break was ~0.3 ms at
+   64K keys). Returns 0 (out written), or -1 with every key's score in s (fewer than k zeros). */
+static int first_zero_slots(const CacheRows *c, int64_t r, int64_t nk, int64_t k, const float *q, const float *w,
+                            int64_t ih, int64_t id, float *s, int64_t *out) {
+    const int64_t chunk = 1024;
+    int64_t found = 0;
+    for (int64_t i = 0; i < nk && found < k; i += chunk) {
+        const int64_t m = nk - i < chunk ? nk - i : chunk;
+        index_scores(c, r, NULL, i, m, q, w, ih, id, s + i);
+        for (int64_t j = 0; j < m && found < k; j++) if (s[i + j] == 0.0f) out[found++] = i + j;
+    }
+    if (found < k) return -1;
+    __atomic_fetch_add(&path_count[1], 1, __ATOMIC_RELAXED);
+    return 0;
+}
+static int nonpositive(const float *w, int64_t n) {
+    for (int64_t i = 0; i < n; i++) if (!(w[i] <= 0.0f)) return 0;
+    return 1;
+}
 /* Phase one (n <= MAX_ROWS rows). h [n, hidden] in the model dtype; rot [n, rope/2] complex; state [n, heads,
    rank + rope] receives the absorbed, roped queries. The new kv / k_pe / indexer key of each row go to its write
    slot. With an own indexer: slots [n, topk] its selection (ascending, -1 pads) and, for a row whose k-th score is
@@ -871,8 +925,13 @@ int64_t mla_decode_select(const MlaLayer *L, const CacheRows *c, int64_t n, cons
         float *s = scores + r * score_stride, *work = malloc(sizeof(float) * 4 * nk);
         const float *q = iq + r * ih * id, *w = iw + r * ih;
         if (!work) { n_tied = -1; break; }
-        int res = c->ik8 && nk >= 32 * L->topk ? shadow_top_slots(c, r, nk, L->topk, q, w, ih, id, work, out) : -1;
-        if (res != 0) index_scores(c, r, NULL, nk, q, w, ih, id, s);  /* the top-k below, or the caller's tie-break */
+        int res;  /* 0: out written; 1: tied (every score in s, for the caller's tie-break); -1: every score in s */
+        if (nk >= 64 * L->topk && nonpositive(w, ih)) {
+            res = first_zero_slots(c, r, nk, L->topk, q, w, ih, id, s, out);
+        } else {
+            res = c->ik8 && nk >= 32 * L->topk ? shadow_top_slots(c, r, nk, L->topk, q, w, ih, id, work, out) : -1;
+            if (res != 0) index_scores(c, r, NULL, 0, nk, q, w, ih, id, s);
+        }
         if (res < 0) res = top_slots(s, NULL, nk, L->topk, work, out);
         if (res) { tied[r] = 1; n_tied++; }
         free(work);

@@ -61,7 +61,7 @@ DECODE_SIGNATURES = {"experts_swiglu": ([_P, _P, _I, _P, _P, _P, _P, _C, _I, _I,
                      "mla_decode_attend": ([_P, _P, _I, _P, _P, _P, _I, _P], _C),
                      "ffn_decode": ([_P, _I, _P, _P], _C),
                      "decode_features": ([], _C),
-                     "shadow_selections": ([], _I)}
+                     "path_selections": ([_I], _I)}
 DECODE_MAX_ROWS = 8  # MAX_ROWS in decode_kernels.c: the most rows per weight its kernels take
 HEADS_MAX_WIDTH = 1024  # heads_linear's per-head input and output widths (its stack buffers) are at most this
 STEP_MAX_WIDTH = 65536  # the decode step's stack buffers: hidden, kv rank, experts, indexer heads x width at most this

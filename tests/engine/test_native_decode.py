@@ -60,9 +60,9 @@ def test_long_prompts_select_through_the_pools_key_shadow(tiny_checkpoint, monke
                            EngineConfig(block_size=16, max_model_len=512))
         return [out.outputs[0].token_ids for out in run_requests(engine, [(p, params) for p in prompts])]
 
-    before = decode_kernels().shadow_selections()
+    before = decode_kernels().path_selections(0)
     native = generate(True)
-    assert decode_kernels().shadow_selections() > before
+    assert decode_kernels().path_selections(0) > before
     assert native == generate(False)
 
 
@@ -82,8 +82,8 @@ def test_blocks_out_of_order_scan_the_keys_themselves(tiny_checkpoint, monkeypat
             out.append(runner.execute(StepInputs([[token]], [300 + i], [1], [table])))
         return torch.cat(out)
 
-    before = decode_kernels().shadow_selections()
+    before = decode_kernels().path_selections(0)
     native = logits(True)
-    assert decode_kernels().shadow_selections() == before
+    assert decode_kernels().path_selections(0) == before
     plain = logits(False)
     assert (native - plain).abs().max() <= 1e-5 * plain.abs().max()

@@ -112,6 +112,33 @@ def test_tied_index_scores_select_what_the_torch_path_selects(monkeypatch):
     assert used == 3 and (a - b).abs().max() <= 1e-5 * b.abs().max()
 
 
+@pytest.mark.parametrize("weights,heads,first_zeros", [("zero", 4, True), ("negative", 4, True),
+                                                       ("negative", 16, False)])
+def test_rows_without_a_positive_head_weight_select_what_torch_topk_selects(monkeypatch, weights, heads,
+                                                                            first_zeros):
+    """Every index head weight <= 0 (zero; or negative: each token's embedding carries a large positive first
+    coordinate that weights_proj maps to -1 per head and the index keys ignore): every score is <= 0, and past 64 x index_topk keys the scan
+    stops at the first k keys scoring exactly 0 (about 1 key in 16 with 4 heads), the keys torch.topk keeps; with 16
+    heads hardly any key scores 0, every key is scored and the top-k is the usual one. Either way: the torch path's
+    logits."""
+    m = _model("tiny", index_topk=4, index_n_heads=heads)
+    with torch.no_grad():
+        if weights == "negative":
+            m.model.embed_tokens.weight[:, 0] = 20.0
+        for layer in m.model.layers:
+            if layer.self_attn.indexer is not None:
+                w = layer.self_attn.indexer.weights_proj.weight
+                w.zero_()
+                if weights == "negative":
+                    w[:, 0] = -1.0
+                    layer.self_attn.indexer.wk.weight[:, 0] = 0.0  # keys that do not all point one way
+    prompt = torch.randint(3, m.config.vocab_size, (2, 300), generator=torch.Generator().manual_seed(6))
+    before = decode_kernels().path_selections(1)
+    (a, _), (b, _), used = _both_paths(monkeypatch, m, prompt, steps=3)
+    assert used == 3 and (decode_kernels().path_selections(1) > before) == first_zeros
+    assert (a - b).abs().max() <= 1e-5 * b.abs().max()
+
+
 @pytest.mark.parametrize("heads,dim", [(4, 16), (4, 32), (32, 16), (2, 48), (3, 16)])
 def test_index_scan_shapes_and_long_rows_select_what_the_torch_path_selects(monkeypatch, heads, dim):
     """The indexer scan's shape-specialised copies (4 x 16, 4 x 32), its per-key form (32 heads), its runtime-shape
@@ -125,16 +152,17 @@ def test_index_scan_shapes_and_long_rows_select_what_the_torch_path_selects(monk
 
 @pytest.mark.skipif(decode_kernels() is None or not decode_kernels().decode_features() & 2,
                     reason="the key shadow's scan needs AVX512-VNNI")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_long_rows_select_through_the_key_shadow(monkeypatch, dtype):
+@pytest.mark.parametrize("dtype,topk", [(torch.float32, 4), (torch.bfloat16, 4), (torch.float32, 2)])
+def test_long_rows_select_through_the_key_shadow(monkeypatch, dtype, topk):
     """Past 32 x index_topk keys the scan reads the int8 shadow and rescores only the keys it cannot rule out: the
     selection (hence every logit) is the torch path's, and the shadow the C step wrote for its new keys is the one
-    `KeyShadow.write` (the torch path's writer) makes of those keys."""
-    m = _model("tiny", dtype, index_topk=4)
+    `KeyShadow.write` (the torch path's writer) makes of those keys. (top-2 of 400 keys: the k-th best lower bound
+    is bracketed from the maxima of groups of 3 blocks of 16.)"""
+    m = _model("tiny", dtype, index_topk=topk)
     prompt = torch.randint(3, m.config.vocab_size, (2, 400), generator=torch.Generator().manual_seed(4))
-    before = decode_kernels().shadow_selections()
+    before = decode_kernels().path_selections(0)
     (a, _), (b, _), used = _both_paths(monkeypatch, m, prompt, steps=3)
-    assert used == 3 and decode_kernels().shadow_selections() > before
+    assert used == 3 and decode_kernels().path_selections(0) > before
     assert (a - b).abs().max() <= (1e-5 if dtype == torch.float32 else 0.02) * b.abs().max()
     cache = DynamicCache()
     with torch.no_grad():
