@@ -67,23 +67,40 @@ def test_long_prompts_select_through_the_pools_key_shadow(tiny_checkpoint, monke
 
 
 @pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the torch path is the only one")
-def test_blocks_out_of_order_scan_the_keys_themselves(tiny_checkpoint, monkeypatch):
+@pytest.mark.parametrize("n,zero_weights", [(300, False), (520, True)])
+def test_blocks_out_of_order_scan_the_keys_themselves(tiny_checkpoint, monkeypatch, n, zero_weights):
     """Blocks of 8 slots in descending order: 16 positions are never 16 adjacent slots, so the native step scores
-    every key itself (no shadow bounds) and still gives the torch path's logits."""
-    prompt = torch.randint(10, 380, (300,), generator=torch.Generator().manual_seed(6)).tolist()
-    table = list(range(63, 20, -1))  # 43 blocks of 8: 344 positions
+    every key itself (no shadow bounds) and still gives the torch path's logits. With every index head weight zero
+    and past 64 x index_topk keys, every key ties at 0 and the scan stops at the first k keys across the blocks: the
+    keys torch.topk keeps."""
+    prompt = torch.randint(10, 380, (n,), generator=torch.Generator().manual_seed(6)).tolist()
+    table = list(range(n // 8 + 8, 0, -1))
+
+    plans = []
 
     def logits(native: bool):
-        monkeypatch.setattr(DecodePlan, "create", classmethod(
-            lambda cls, *a, **kw: CREATE(cls, *a, **kw) if native else None))
-        runner = ModelRunner(load_model(str(tiny_checkpoint)), num_blocks=64, block_size=8)
-        out = [runner.execute(StepInputs([prompt], [0], [300], [table]))]
-        for i, token in enumerate((11, 12, 13)):
-            out.append(runner.execute(StepInputs([[token]], [300 + i], [1], [table])))
+        def create(cls, *args, **kwargs):
+            plans.append(CREATE(cls, *args, **kwargs) if native else None)
+            return plans[-1]
+
+        monkeypatch.setattr(DecodePlan, "create", classmethod(create))
+        model = load_model(str(tiny_checkpoint))
+        if zero_weights:
+            with torch.no_grad():
+                for layer in model.model.layers:
+                    if layer.self_attn.indexer is not None:
+                        layer.self_attn.indexer.weights_proj.weight.zero_()
+        runner = ModelRunner(model, num_blocks=len(table) + 1, block_size=8)
+        with torch.inference_mode():  # as the engine's steps run (`execute` itself does not enter it)
+            out = [runner.execute(StepInputs([prompt], [0], [n], [table]))]
+            for i, token in enumerate((11, 12, 13)):
+                out.append(runner.execute(StepInputs([[token]], [n + i], [1], [table])))
         return torch.cat(out)
 
-    before = decode_kernels().path_selections(0)
+    before = [decode_kernels().path_selections(p) for p in (0, 1)]
     native = logits(True)
-    assert decode_kernels().path_selections(0) == before
+    assert sum(p is not None for p in plans) == 3  # the three decode steps ran natively
+    assert decode_kernels().path_selections(0) == before[0]
+    assert (decode_kernels().path_selections(1) > before[1]) == zero_weights
     plain = logits(False)
     assert (native - plain).abs().max() <= 1e-5 * plain.abs().max()
