@@ -4,7 +4,8 @@
 
 The checkpoint needs a trained next-n layer: `openglm demo` trains the `small` preset's one (a random
 layer drafts noise and is never accepted). Each request runs alone (batch 1), greedy, a fixed number of
-tokens; decode tok/s counts the tokens after the first one over the time between the first and the last
+tokens, on every engine (k = 0 and each k measured) in turn before the next request, so a noisy stretch of a
+shared machine falls on all of them alike; decode tok/s counts the tokens after the first one over the time between the first and the last
 (prefill excluded). Every speculative run must reproduce the plain run's tokens exactly. The per-step
 columns split each engine step (prefill steps included) into the main model's forward, the MTP layer's
 calls and the rest (scheduling, acceptance, sampling, detokenizing): what bounds the speed-up.
@@ -48,36 +49,43 @@ def timed(engine: LLMEngine, spent: dict) -> None:
         setattr(engine.runner, name, wrapper)
 
 
-def run(ckpt: str, k: int, batch: list[list[int]], max_tokens: int) -> dict:
-    engine = LLMEngine.from_pretrained(ckpt, EngineConfig(num_speculative_tokens=k, enable_prefix_caching=False))
-    spent = {"main": 0.0, "mtp": 0.0}
-    timed(engine, spent)
-    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=max_tokens)
-    engine.add_request(batch[0], params)  # warm-up
-    while engine.has_unfinished():
-        engine.step()
-    before = dict(engine.counters)
-    spent.update(main=0.0, mtp=0.0)
-    t_all = time.perf_counter()
-    outputs, rates = [], []
-    for ids in batch:
-        engine.add_request(ids, params)
+class Case:
+    """One engine (k drafts per step) and what its requests measured."""
+
+    def __init__(self, ckpt: str, k: int, max_tokens: int, warm_up: list[int]):
+        self.k, self.max_tokens = k, max_tokens
+        self.engine = LLMEngine.from_pretrained(ckpt, EngineConfig(num_speculative_tokens=k, enable_prefix_caching=False))
+        self.spent = {"main": 0.0, "mtp": 0.0}
+        timed(self.engine, self.spent)
+        self.params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=max_tokens)
+        self.outputs, self.rates, self.elapsed = [], [], 0.0
+        self.generate(warm_up)
+        self.before, self.outputs, self.rates, self.elapsed = dict(self.engine.counters), [], [], 0.0
+        self.spent.update(main=0.0, mtp=0.0)
+
+    def generate(self, ids: list[int]) -> None:
+        """One request alone: its tokens, and its decode tok/s after the first token."""
+        t0 = time.perf_counter()
+        self.engine.add_request(ids, self.params)
         t_first = None
-        while engine.has_unfinished():
-            for out in engine.step():
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
                 if t_first is None and out.outputs[0].token_ids:
                     t_first = time.perf_counter()
                 if out.finished:
-                    rates.append((len(out.outputs[0].token_ids) - 1) / (time.perf_counter() - t_first))
-                    outputs.append(out.outputs[0].token_ids)
-    t_all = time.perf_counter() - t_all
-    c = engine.counters
-    drafts, accepted = c["draft_tokens"] - before["draft_tokens"], c["accepted_draft_tokens"] - before["accepted_draft_tokens"]
-    steps = c["steps"] - before["steps"]
-    return {"k": k, "tok_s": statistics.median(rates), "outputs": outputs, "steps": steps,
-            "acceptance": accepted / drafts if drafts else float("nan"),
-            "tokens_per_step": len(batch) * max_tokens / steps, "main_ms": 1e3 * spent["main"] / steps,
-            "mtp_ms": 1e3 * spent["mtp"] / steps, "rest_ms": 1e3 * (t_all - spent["main"] - spent["mtp"]) / steps}
+                    self.rates.append((len(out.outputs[0].token_ids) - 1) / (time.perf_counter() - t_first))
+                    self.outputs.append(out.outputs[0].token_ids)
+        self.elapsed += time.perf_counter() - t0
+
+    def row(self) -> dict:
+        c, b = self.engine.counters, self.before
+        drafts, accepted = c["draft_tokens"] - b["draft_tokens"], c["accepted_draft_tokens"] - b["accepted_draft_tokens"]
+        steps = c["steps"] - b["steps"]
+        return {"k": self.k, "tok_s": statistics.median(self.rates), "outputs": self.outputs, "steps": steps,
+                "acceptance": accepted / drafts if drafts else float("nan"),
+                "tokens_per_step": len(self.outputs) * self.max_tokens / steps,
+                "main_ms": 1e3 * self.spent["main"] / steps, "mtp_ms": 1e3 * self.spent["mtp"] / steps,
+                "rest_ms": 1e3 * (self.elapsed - self.spent["main"] - self.spent["mtp"]) / steps}
 
 
 def main() -> int:
@@ -100,8 +108,12 @@ def main() -> int:
     batch = prompts(Tokenizer.from_checkpoint(ckpt), args.requests, args.prompt_len)
     print(f"CPU: {cpu_model()}; torch threads: {args.threads}; checkpoint: {ckpt}")
     print(f"{args.requests} requests alone (batch 1), prompt {args.prompt_len} tokens, {args.max_tokens} greedy tokens each")
-    base = run(ckpt, 0, batch, args.max_tokens)
-    rows = [base] + [run(ckpt, int(k), batch, args.max_tokens) for k in args.ks.split(",")]
+    cases = [Case(ckpt, k, args.max_tokens, batch[0]) for k in [0] + [int(k) for k in args.ks.split(",")]]
+    for ids in batch:  # each request on every engine in turn: a slow minute of a shared machine hits every k alike
+        for case in cases:
+            case.generate(ids)
+    rows = [case.row() for case in cases]
+    base = rows[0]
     print(f"\n{'drafts k':>8} {'decode tok/s':>13} {'speed-up':>9} {'acceptance':>11} {'tokens/step':>12} "
           f"{'main ms/step':>13} {'MTP ms/step':>12} {'rest ms/step':>13} {'greedy identical':>17}")
     for r in rows:
