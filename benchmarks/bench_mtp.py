@@ -5,10 +5,11 @@
 The checkpoint needs a trained next-n layer: `openglm demo` trains the `small` preset's one (a random
 layer drafts noise and is never accepted). Each request runs alone (batch 1), greedy, a fixed number of
 tokens, on every engine (k = 0 and each k measured) in turn before the next request, so a noisy stretch of a
-shared machine falls on all of them alike; decode tok/s counts the tokens after the first one over the time between the first and the last
-(prefill excluded). Every speculative run must reproduce the plain run's tokens exactly. The per-step
-columns split each engine step (prefill steps included) into the main model's forward, the MTP layer's
-calls and the rest (scheduling, acceptance, sampling, detokenizing): what bounds the speed-up.
+shared machine falls on all of them alike; decode tok/s counts the tokens after the first one over the time
+between the first and the last (prefill excluded). Every speculative run must reproduce the plain run's
+tokens exactly. The per-step columns split each engine step (prefill steps included) into the main model's
+forward, the MTP layer's calls and the rest (scheduling, acceptance, sampling, detokenizing): what bounds the
+speed-up.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class Case:
 
     def __init__(self, ckpt: str, k: int, max_tokens: int, warm_up: list[int]):
         self.k, self.max_tokens = k, max_tokens
-        self.engine = LLMEngine.from_pretrained(ckpt, EngineConfig(num_speculative_tokens=k, enable_prefix_caching=False))
+        config = EngineConfig(num_speculative_tokens=k, enable_prefix_caching=False)
+        self.engine = LLMEngine.from_pretrained(ckpt, config)
         self.spent = {"main": 0.0, "mtp": 0.0}
         timed(self.engine, self.spent)
         self.params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=max_tokens)
@@ -79,8 +81,8 @@ class Case:
 
     def row(self) -> dict:
         c, b = self.engine.counters, self.before
-        drafts, accepted = c["draft_tokens"] - b["draft_tokens"], c["accepted_draft_tokens"] - b["accepted_draft_tokens"]
-        steps = c["steps"] - b["steps"]
+        drafts, steps = c["draft_tokens"] - b["draft_tokens"], c["steps"] - b["steps"]
+        accepted = c["accepted_draft_tokens"] - b["accepted_draft_tokens"]
         return {"k": self.k, "tok_s": statistics.median(self.rates), "outputs": self.outputs, "steps": steps,
                 "acceptance": accepted / drafts if drafts else float("nan"),
                 "tokens_per_step": len(self.outputs) * self.max_tokens / steps,

@@ -117,10 +117,10 @@ def test_tied_index_scores_select_what_the_torch_path_selects(monkeypatch):
 def test_rows_without_a_positive_head_weight_select_what_torch_topk_selects(monkeypatch, weights, heads,
                                                                             first_zeros):
     """Every index head weight <= 0 (zero; or negative: each token's embedding carries a large positive first
-    coordinate that weights_proj maps to -1 per head and the index keys ignore): every score is <= 0, and past 64 x index_topk keys the scan
-    stops at the first k keys scoring exactly 0 (about 1 key in 16 with 4 heads), the keys torch.topk keeps; with 16
-    heads hardly any key scores 0, every key is scored and the top-k is the usual one. Either way: the torch path's
-    logits."""
+    coordinate that weights_proj maps to -1 per head and the index keys ignore): every score is <= 0, and past
+    64 x index_topk keys the scan stops at the first k keys scoring exactly 0 (about 1 key in 16 with 4 heads),
+    the keys torch.topk keeps; with 16 heads hardly any key scores 0, every key is scored and the top-k is the
+    usual one. Either way: the torch path's logits."""
     m = _model("tiny", index_topk=4, index_n_heads=heads)
     with torch.no_grad():
         if weights == "negative":
