@@ -15,6 +15,7 @@ from openglm.engine.kv_cache import KVPool, PagedBatchCache
 from openglm.engine.quant import quantize_tensor
 from openglm.engine.sequence import Sequence
 from openglm.model.quantized import QuantizedWeight
+from openglm.model.weights import derived_weight
 
 PAD_WASTE = 1.3  # a row may join a group when the padded size stays within 1.3x the real tokens
 
@@ -41,7 +42,6 @@ class ModelRunner:
         self.dtype = next(model.parameters()).dtype
         self.pool = KVPool(num_blocks, block_size, self.dtype)
         self.pad_token_id = pad_token_id
-        self._draft = None  # (head weight, its version, its int8 copy): see _draft_head
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], num_tokens: list[int]) -> torch.Tensor:
@@ -111,13 +111,13 @@ class ModelRunner:
     def _draft_head(self) -> torch.Tensor:
         """The LM head weight the MTP drafts go through: an int8 copy of an fp32/bf16 head (a quarter / half of the
         bytes every draft reads; the main model checks each draft, so the copy's rounding can change how many are
-        accepted, never the output). Rebuilt when the head's weight is replaced or updated in place."""
+        accepted, never the output), cached as a derived weight: rebuilt when the head's weight changes."""
         w = self.model.lm_head.weight
         if isinstance(w, QuantizedWeight):
             return w
-        if self._draft is None or self._draft[0] is not w or self._draft[1] != w._version:
-            self._draft = (w, w._version, QuantizedWeight(*quantize_tensor(w, "int8"), dtype=w.dtype))
-        return self._draft[2]
+        draft = derived_weight(self.model.lm_head, "draft_int8", [w],
+                               lambda w: QuantizedWeight(*quantize_tensor(w, "int8"), dtype=w.dtype))
+        return w if draft is None else draft  # None: an inference tensor, no version to follow
 
     def _call(self, step: "StepInputs", fn):
         """`fn(input_ids, mask, positions, cache)` over the step's rows laid out as `execute` lays them out."""

@@ -794,15 +794,14 @@ static float kth_from_block_max(const float *lo, int64_t n, float *bmax, int64_t
 }
 
 /* `top_slots` for row r's nk keys through the shadow: 0 (out written), 1 (the k-th exact score is tied beyond the
-   places left), -1 (no bounds for this row, or a NaN: the caller scores every key). work: 4 nk floats. */
+   places left), -1 (no bounds for this row, or a NaN: the caller scores every key). For rows with a head weight > 0
+   (with none, every key with no positive dot ties at 0: the caller's business). work: 4 nk floats. */
 static int64_t path_count[2];  /* selections made by `shadow_top_slots` and `first_zero_slots` (tests check they ran) */
 static int shadow_top_slots(const CacheRows *c, int64_t r, int64_t nk, int64_t k, const float *q, const float *w,
                             int64_t ih, int64_t id, float *work, int64_t *out) {
     int8_t u[ih * id];
     int32_t off[ih];
-    float g[ih], A = 0.0f, B = 0.0f, w_max = -INFINITY;
-    for (int64_t h = 0; h < ih; h++) w_max = fmaxf(w_max, w[h]);
-    if (!(w_max > 0.0f)) return -1;  /* no score above 0, and every key with no positive dot ties at 0 */
+    float g[ih], A = 0.0f, B = 0.0f;
     for (int64_t h = 0; h < ih; h++) {
         float amax = 0.0f, l1 = 0.0f;
         for (int64_t d = 0; d < id; d++) { amax = fmaxf(amax, fabsf(q[h * id + d])); l1 += fabsf(q[h * id + d]); }
@@ -926,10 +925,12 @@ int64_t mla_decode_select(const MlaLayer *L, const CacheRows *c, int64_t n, cons
         const float *q = iq + r * ih * id, *w = iw + r * ih;
         if (!work) { n_tied = -1; break; }
         int res;  /* 0: out written; 1: tied (every score in s, for the caller's tie-break); -1: every score in s */
-        if (nk >= 64 * L->topk && nonpositive(w, ih)) {
+        const int no_positive_weight = nonpositive(w, ih);
+        if (no_positive_weight && nk >= 64 * L->topk) {
             res = first_zero_slots(c, r, nk, L->topk, q, w, ih, id, s, out);
         } else {
-            res = c->ik8 && nk >= 32 * L->topk ? shadow_top_slots(c, r, nk, L->topk, q, w, ih, id, work, out) : -1;
+            res = c->ik8 && nk >= 32 * L->topk && !no_positive_weight
+                ? shadow_top_slots(c, r, nk, L->topk, q, w, ih, id, work, out) : -1;
             if (res != 0) index_scores(c, r, NULL, 0, nk, q, w, ih, id, s);
         }
         if (res < 0) res = top_slots(s, NULL, nk, L->topk, work, out);
