@@ -1,8 +1,10 @@
 """Drive an LLMEngine from a background thread for many concurrent asyncio requests.
 
-Handlers never touch the engine: they post commands (add / abort) to a thread-safe queue and read
+Handlers never change the engine: they post commands (add / abort) to a thread-safe queue and read
 their outputs from an asyncio.Queue that the engine thread feeds with `call_soon_threadsafe`. The
-event loop therefore never waits on a model step, and the engine is only ever used by one thread.
+event loop therefore never waits on a model step, and the engine is only ever stepped by one thread.
+Each request's `RequestStream` turns the engine's outputs (whole texts so far) into what a stream sends:
+per choice, what is new since the previous output (`Delta`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import queue
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
 from openglm.engine.llm_engine import LLMEngine
@@ -25,7 +28,7 @@ RETRY_AFTER_S = 1  # the Retry-After a full queue answers with (requests finish 
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, max_queue: int = 256, metrics=None):
+    def __init__(self, engine: LLMEngine, max_queue: int, metrics=None):
         self.engine = engine
         self.max_queue = max_queue
         self.metrics = metrics
@@ -157,24 +160,43 @@ class AsyncEngine:
         self.engine.abort_all()
 
 
+@dataclass
+class Delta:
+    """What one choice added since the stream's previous output."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict]  # empty unless the request asked for logprobs
+    offset: int  # characters of the choice's text sent before `text`
+
+
 class RequestStream:
-    """Async iterator over one request's outputs; leaving it early (break, cancellation, client
-    disconnect) aborts the request."""
+    """Async iterator over one request's outputs, each as (output, one Delta per choice); leaving it early
+    (break, cancellation, client disconnect) aborts the request."""
 
     def __init__(self, engine: AsyncEngine, request_id: str, out_q: asyncio.Queue, is_disconnected=None):
         self.engine, self.request_id, self.out_q = engine, request_id, out_q
         self.is_disconnected = is_disconnected
         self.finished = False
+        self.sent: dict[int, tuple[int, int]] = {}  # choice index -> (characters, tokens) already sent
         self._checked = time.monotonic()
 
     def close(self) -> None:
         if not self.finished:
             self.engine.release(self.request_id)
 
-    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+    def __aiter__(self) -> AsyncIterator[tuple[RequestOutput, list[Delta]]]:
         return self._iterate()
 
-    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+    def deltas(self, out: RequestOutput) -> list[Delta]:
+        news = []
+        for c in out.outputs:
+            chars, tokens = self.sent.get(c.index, (0, 0))
+            news.append(Delta(c.text[chars:], c.token_ids[tokens:], (c.logprobs or [])[tokens:], chars))
+            self.sent[c.index] = (max(chars, len(c.text)), len(c.token_ids))
+        return news
+
+    async def _iterate(self) -> AsyncIterator[tuple[RequestOutput, list[Delta]]]:
         try:
             while not self.finished:
                 item = await self._next()
@@ -183,7 +205,7 @@ class RequestStream:
                 if isinstance(item, BaseException):
                     raise item
                 self.finished = item.finished
-                yield item
+                yield item, self.deltas(item)
         finally:
             if self.finished:
                 self.engine.streams.pop(self.request_id, None)

@@ -118,7 +118,7 @@ def serve(args) -> int:
     try:
         api_key = resolve_api_key(args)
         limits = ServerLimits(args.max_body_bytes, args.body_timeout, args.header_timeout, args.keep_alive_timeout,
-                              args.limit_concurrency)
+                              args.limit_concurrency, args.max_queue)
     except ValueError as exc:
         print(f"openglm serve: {exc}", file=sys.stderr)
         return 2
@@ -141,7 +141,7 @@ def serve(args) -> int:
         block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching, session_ttl=args.session_ttl,
-        max_queue=args.max_queue, quantization=args.quantization, dtype=args.dtype,
+        quantization=args.quantization, dtype=args.dtype,
         num_speculative_tokens=args.num_speculative_tokens)
     try:
         engine = LLMEngine.from_pretrained(args.checkpoint, config)
