@@ -40,7 +40,8 @@ class PromptError(ValueError):
 
 
 class LLMEngine:
-    def __init__(self, model: torch.nn.Module, tokenizer, config: EngineConfig | None = None):
+    def __init__(self, model: torch.nn.Module, tokenizer, config: EngineConfig | None = None,
+                 runner: ModelRunner | None = None):  # runner: e.g. tensor-parallel rank 0's, which broadcasts
         self.config = config = config or EngineConfig()
         self.tokenizer = tokenizer
         model_len = getattr(model.config, "max_position_embeddings", None) or 4096
@@ -52,8 +53,8 @@ class LLMEngine:
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching, config.session_ttl)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = ModelRunner(model, config.num_kv_blocks, config.block_size,
-                                  getattr(tokenizer, "pad_id", 0) if tokenizer is not None else 0)
+        self.runner = runner or ModelRunner(model, config.num_kv_blocks, config.block_size,
+                                            getattr(tokenizer, "pad_id", 0) if tokenizer is not None else 0)
         self.sampler = Sampler(config.seed)
         self.postprocess = Postprocessor(self.scheduler, tokenizer, self.max_model_len, self.counters)
         self.speculator = None if not config.num_speculative_tokens else SpeculativeDecoder(

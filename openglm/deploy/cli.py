@@ -1,13 +1,22 @@
-"""`openglm serve CHECKPOINT`: the OpenAI-compatible server (the heavy imports happen in the handler)."""
+"""`openglm serve` (the OpenAI-compatible server) and `openglm deploy` (its vLLM / SGLang launch).
+
+Both read a deployment (`DeployConfig`): `serve` from deploy.yaml (`--config`) or from CHECKPOINT and its
+engine flags, `deploy` from deploy.yaml. The heavy imports (torch, the engine, uvicorn) happen in the handlers.
+"""
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
 import os
+import shlex
+import shutil
 import sys
+from dataclasses import fields
 from pathlib import Path
 
+from openglm.deploy.config import DeployConfig, DeployConfigError, SessionCache, Speculative, load_deploy_config
+from openglm.deploy.handoff import launch_command
 from openglm.server.limits import ServerLimits
 
 KEY_ENV = "OPENGLM_API_KEY"
@@ -48,9 +57,16 @@ def is_loopback(host: str) -> bool:
 
 
 D = " (default %(default)s)"
+DEPLOY = {f.name: f.default for f in fields(DeployConfig)}  # the defaults of a deployment: one set for both
 
 
 def register(subparsers):
+    register_serve(subparsers)
+    register_deploy(subparsers)
+
+
+# ---- openglm serve ----------------------------------------------------------------------------------
+def register_serve(subparsers):
     p = subparsers.add_parser("serve", help="serve a checkpoint behind an OpenAI-compatible HTTP API",
                               description="Serve a checkpoint with the paged-KV engine behind the OpenAI API "
                                           "(/v1/models, /v1/completions, /v1/chat/completions, /health, /metrics).")
@@ -60,9 +76,10 @@ def register(subparsers):
                    help="serve the deployment a deploy.yaml describes (model, parallel_config, batching, block size, "
                         "quantization, session cache); under torchrun --nproc_per_node=TP it runs tensor/expert "
                         "parallel with rank 0 serving HTTP; the API key, request limits, --threads and --log-level "
-                        "flags then still apply, the engine and address flags do not. Default: none (serve CHECKPOINT with the flags below)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 = all interfaces"+D)
-    p.add_argument("--port", type=int, default=8000, help="TCP port"+D)
+                        "flags then still apply, the engine and address flags do not. Default: none (serve "
+                        "CHECKPOINT with the flags below)")
+    p.add_argument("--host", default=DEPLOY["host"], help="address to listen on; 0.0.0.0 = all interfaces"+D)
+    p.add_argument("--port", type=int, default=DEPLOY["port"], help="TCP port"+D)
     p.add_argument("--api-key-file", default=None, metavar="PATH",
                    help="file holding the key clients must send as 'Authorization: Bearer KEY' (default: "
                         "$OPENGLM_API_KEY, else no key; a key is required off loopback)")
@@ -72,30 +89,34 @@ def register(subparsers):
     p.add_argument("--public-metrics", action="store_true",
                    help="serve /metrics without the key (default: /metrics needs the key when one is set)")
     p.add_argument("--served-model-name", default=None, help="model id clients use (default: folder name)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block"+D)
-    p.add_argument("--num-kv-blocks", type=int, default=2048, help="KV blocks in the paged pool"+D)
-    p.add_argument("--max-num-seqs", type=int, default=32, help="sequences batched per step"+D)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens computed per step"+D)
-    p.add_argument("--max-model-len", type=int, default=None, help="context limit in tokens, prompt + output "
-                                                                        "(default: the model's max_position_embeddings)")
-    p.add_argument("--max-queue", type=int, default=256,
-                   help="requests in flight before answering 503 + Retry-After (default: 256)")
+    p.add_argument("--block-size", type=int, default=DEPLOY["block_size"], help="tokens per KV block"+D)
+    p.add_argument("--num-kv-blocks", type=int, default=DEPLOY["num_kv_blocks"], help="KV blocks in the paged pool"+D)
+    p.add_argument("--max-num-seqs", type=int, default=DEPLOY["max_num_seqs"], help="sequences batched per step"+D)
+    p.add_argument("--max-num-batched-tokens", type=int, default=DEPLOY["max_num_batched_tokens"],
+                   help="tokens computed per step"+D)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="context limit in tokens, prompt + output (default: the model's max_position_embeddings)")
+    p.add_argument("--max-queue", type=int, default=ServerLimits.max_queue,
+                   help=f"requests in flight before answering 503 + Retry-After (default: {ServerLimits.max_queue})")
     p.add_argument("--max-body-bytes", type=int, default=ServerLimits.max_body_bytes,
                    help=f"largest request body in bytes; larger ones get 413 (default: {ServerLimits.max_body_bytes})")
     p.add_argument("--body-timeout", type=float, default=ServerLimits.body_timeout_s,
                    help=f"seconds a request body may pause between chunks before 408 (default: "
                         f"{ServerLimits.body_timeout_s:g})")
     p.add_argument("--header-timeout", type=float, default=ServerLimits.header_timeout_s,
-                   help=f"seconds a connection has to send its request head (default: {ServerLimits.header_timeout_s:g})")
+                   help=f"seconds a connection has to send its request head (default: "
+                        f"{ServerLimits.header_timeout_s:g})")
     p.add_argument("--keep-alive-timeout", type=int, default=ServerLimits.keep_alive_s,
                    help=f"seconds an idle keep-alive connection stays open (default: {ServerLimits.keep_alive_s})")
     p.add_argument("--limit-concurrency", type=int, default=ServerLimits.limit_concurrency,
-                   help=f"connections + tasks beyond which uvicorn answers 503 (default: {ServerLimits.limit_concurrency})")
-    p.add_argument("--session-ttl", type=float, default=600.0, help="seconds an idle prefix-cache block stays reusable"+D)
+                   help=f"connections + tasks beyond which uvicorn answers 503 (default: "
+                        f"{ServerLimits.limit_concurrency})")
+    p.add_argument("--session-ttl", type=float, default=SessionCache.ttl_s,
+                   help="seconds an idle prefix-cache block stays reusable"+D)
     p.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix (session) cache")
     p.add_argument("--quantization", choices=["none", "int8", "fp8"], default="none",
                    help="weight-only quantisation (int8 read in place by the decode kernels, fp8 dequantised per op)"+D)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=DEPLOY["dtype"],
                    help="weight and compute dtype"+D)
     p.add_argument("--num-speculative-tokens", type=int, default=0, metavar="K",
                    help="self-speculative decoding: draft tokens the checkpoint's MTP (next-n) layer proposes per "
@@ -114,75 +135,72 @@ def _refuses_without_key(args, api_key: str | None, host: str) -> bool:
     return False
 
 
+def serve_config(args) -> DeployConfig:
+    """The deployment `openglm serve` runs: deploy.yaml's (--config), or CHECKPOINT with the engine and
+    address flags."""
+    if args.config is not None and args.checkpoint is not None:
+        raise DeployConfigError("give either a CHECKPOINT or --config (the config names the model), not both")
+    if args.config is not None:
+        return load_deploy_config(args.config)
+    if args.checkpoint is None:
+        raise DeployConfigError("give a CHECKPOINT folder or --config deploy.yaml")
+    k = args.num_speculative_tokens
+    return DeployConfig(
+        model=args.checkpoint, served_model_name=args.served_model_name or Path(args.checkpoint).resolve().name,
+        host=args.host, port=args.port, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks, quantization=None if args.quantization == "none" else args.quantization,
+        dtype=args.dtype, session_cache=SessionCache(not args.no_prefix_caching, args.session_ttl),
+        speculative=Speculative(num_speculative_tokens=k) if k else None)
+
+
 def serve(args) -> int:
     try:
         api_key = resolve_api_key(args)
         limits = ServerLimits(args.max_body_bytes, args.body_timeout, args.header_timeout, args.keep_alive_timeout,
                               args.limit_concurrency, args.max_queue)
-    except ValueError as exc:
-        print(f"openglm serve: {exc}", file=sys.stderr)
-        return 2
-    if args.config is not None or args.checkpoint is None:
-        return _serve_config(args, api_key, limits)
-    if _refuses_without_key(args, api_key, args.host):
-        return 2
-
-    import torch  # heavy: loaded when serving, `openglm --help` stays fast
-    import uvicorn
-
-    from openglm.engine import EngineConfig, LLMEngine
-    from openglm.model.errors import ModelError
-    from openglm.server.app import create_app
-    from openglm.server.limits import uvicorn_config
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    config = EngineConfig(
-        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        enable_prefix_caching=not args.no_prefix_caching, session_ttl=args.session_ttl,
-        quantization=args.quantization, dtype=args.dtype,
-        num_speculative_tokens=args.num_speculative_tokens)
-    try:
-        engine = LLMEngine.from_pretrained(args.checkpoint, config)
-    except (OSError, ValueError, ModelError) as exc:  # ModelError: every checkpoint/config problem the loader names
-        print(f"openglm serve: cannot load {args.checkpoint}: {exc}", file=sys.stderr)
-        return 2
-    name = args.served_model_name or Path(args.checkpoint).resolve().name
-    app = create_app(engine, name, api_key=api_key, public_metrics=args.public_metrics, limits=limits)
-    print(f"openglm serve: {name} on http://{args.host}:{args.port} "
-          f"({config.num_kv_blocks} KV blocks x {config.block_size} tokens, max_model_len {engine.max_model_len})",
-          flush=True)
-    uvicorn.Server(uvicorn_config(app, args.host, args.port, limits, args.log_level)).run()
-    return 0
-
-
-def _serve_config(args, api_key: str | None, limits: ServerLimits) -> int:
-    """`--config deploy.yaml`: host, port and the engine come from the file; key and limits from the flags."""
-    if args.config is None:
-        print("openglm serve: give a CHECKPOINT folder or --config deploy.yaml", file=sys.stderr)
-        return 2
-    if args.checkpoint is not None:
-        print("openglm serve: give either a CHECKPOINT or --config (the config names the model), not both",
-              file=sys.stderr)
-        return 2
-    # heavy (torch, the engine, uvicorn): loaded when serving, `openglm --help` stays fast
-    import torch
-
-    from openglm.server.deploy_config import load_deploy_config
-    from openglm.server.launch import serve_deploy
-
-    try:
-        cfg = load_deploy_config(args.config)
+        cfg = serve_config(args)
     except ValueError as exc:
         print(f"openglm serve: {exc}", file=sys.stderr)
         return 2
     if _refuses_without_key(args, api_key, cfg.host):
         return 2
+    # heavy (torch, the engine, uvicorn): loaded when serving, `openglm --help` stays fast
+    import torch
+
+    from openglm.deploy.launch import serve as serve_deployment
+
     if args.threads:
         torch.set_num_threads(args.threads)
+    return serve_deployment(cfg, api_key, limits, public_metrics=args.public_metrics, log_level=args.log_level)
+
+
+# ---- openglm deploy ---------------------------------------------------------------------------------
+def register_deploy(subparsers):
+    p = subparsers.add_parser(
+        "deploy", help="print (or run) the vLLM / SGLang launch equivalent to a deploy.yaml",
+        description="Map a deploy.yaml (parallel_config, batching, block size, FP8, MTP, GLM parsers) to the launch "
+                    "command of a GPU serving engine. Fields the engine expresses differently are noted on stderr.")
+    p.add_argument("config", help="deploy.yaml (see docs/scaling.md)")
+    p.add_argument("--engine", choices=["vllm", "sglang"], default="vllm", help="target engine (default: vllm)")
+    p.add_argument("--run", action="store_true", help="exec the command instead of printing it (default: print)")
+    p.set_defaults(func=deploy)
+
+
+def deploy(args) -> int:
     try:
-        return serve_deploy(cfg, api_key, limits, public_metrics=args.public_metrics, log_level=args.log_level)
-    except (OSError, ValueError) as exc:
-        print(f"openglm serve: {exc}", file=sys.stderr)
-        return 2
+        argv, notes = launch_command(load_deploy_config(args.config), args.engine)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    if not args.run:
+        print(shlex.join(argv))
+        return 0
+    if shutil.which(argv[0]) is None:
+        print(f"error: {argv[0]!r} is not on PATH: install {args.engine} on the GPU host, or drop --run to print "
+              "the command", file=sys.stderr)
+        return 1
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)
