@@ -57,6 +57,15 @@ def is_loopback(host: str) -> bool:
 
 
 D = " (default %(default)s)"
+# the server's own limits (ServerLimits): flag, field, type, what it limits
+LIMIT_FLAGS = [
+    ("--max-queue", "max_queue", int, "requests in flight before answering 503 + Retry-After"),
+    ("--max-body-bytes", "max_body_bytes", int, "largest request body in bytes; larger ones get 413"),
+    ("--body-timeout", "body_timeout_s", float, "seconds a request body may pause between chunks before 408"),
+    ("--header-timeout", "header_timeout_s", float, "seconds a connection has to send its request head"),
+    ("--keep-alive-timeout", "keep_alive_s", int, "seconds an idle keep-alive connection stays open"),
+    ("--limit-concurrency", "limit_concurrency", int, "connections + tasks beyond which uvicorn answers 503"),
+]
 DEPLOY = {f.name: f.default for f in fields(DeployConfig)}  # the defaults of a deployment: one set for both
 
 
@@ -96,21 +105,9 @@ def register_serve(subparsers):
                    help="tokens computed per step"+D)
     p.add_argument("--max-model-len", type=int, default=None,
                    help="context limit in tokens, prompt + output (default: the model's max_position_embeddings)")
-    p.add_argument("--max-queue", type=int, default=ServerLimits.max_queue,
-                   help=f"requests in flight before answering 503 + Retry-After (default: {ServerLimits.max_queue})")
-    p.add_argument("--max-body-bytes", type=int, default=ServerLimits.max_body_bytes,
-                   help=f"largest request body in bytes; larger ones get 413 (default: {ServerLimits.max_body_bytes})")
-    p.add_argument("--body-timeout", type=float, default=ServerLimits.body_timeout_s,
-                   help=f"seconds a request body may pause between chunks before 408 (default: "
-                        f"{ServerLimits.body_timeout_s:g})")
-    p.add_argument("--header-timeout", type=float, default=ServerLimits.header_timeout_s,
-                   help=f"seconds a connection has to send its request head (default: "
-                        f"{ServerLimits.header_timeout_s:g})")
-    p.add_argument("--keep-alive-timeout", type=int, default=ServerLimits.keep_alive_s,
-                   help=f"seconds an idle keep-alive connection stays open (default: {ServerLimits.keep_alive_s})")
-    p.add_argument("--limit-concurrency", type=int, default=ServerLimits.limit_concurrency,
-                   help=f"connections + tasks beyond which uvicorn answers 503 (default: "
-                        f"{ServerLimits.limit_concurrency})")
+    for flag, name, kind, text in LIMIT_FLAGS:
+        p.add_argument(flag, dest=name, metavar=flag[2:].replace("-", "_").upper(), type=kind,
+                       default=getattr(ServerLimits, name), help=text+D)
     p.add_argument("--session-ttl", type=float, default=SessionCache.ttl_s,
                    help="seconds an idle prefix-cache block stays reusable"+D)
     p.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix (session) cache")
@@ -157,8 +154,7 @@ def serve_config(args) -> DeployConfig:
 def serve(args) -> int:
     try:
         api_key = resolve_api_key(args)
-        limits = ServerLimits(args.max_body_bytes, args.body_timeout, args.header_timeout, args.keep_alive_timeout,
-                              args.limit_concurrency, args.max_queue)
+        limits = ServerLimits(**{name: getattr(args, name) for _, name, _, _ in LIMIT_FLAGS})
         cfg = serve_config(args)
     except ValueError as exc:
         print(f"openglm serve: {exc}", file=sys.stderr)

@@ -14,9 +14,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from openglm.engine.grammar import GrammarError
 from openglm.engine.llm_engine import PromptError
-from openglm.engine.outputs import RequestOutput
 from openglm.engine.sampling_params import SamplingParams, SamplingParamsError
-from openglm.server.async_engine import AsyncEngine, Delta
+from openglm.server.async_engine import AsyncEngine
 from openglm.server.errors import APIError
 from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
 from openglm.server import render
@@ -91,17 +90,6 @@ class OpenAIServing:
         except SamplingParamsError as exc:
             raise APIError(400, str(exc), param=exc.field) from exc
 
-    def _submit_all(self, prompts, params, is_disconnected) -> list:
-        streams = []
-        try:
-            for ids, sp in zip(prompts, params):
-                streams.append(self.engine.submit(ids, sp, is_disconnected))
-        except APIError:
-            for s in streams:  # all or nothing
-                s.close()
-            raise
-        return streams
-
     # ---- endpoints ---------------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, request: Request):
         self.check_model(req.model)
@@ -110,11 +98,11 @@ class OpenAIServing:
         params = [self.params(req, len(ids), req.max_tokens, 16, req.logprobs) for ids in prompts]
         meta = render.Meta(f"cmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name, self.tokenizer)
         echo = [self.tokenizer.decode(ids) if req.echo else "" for ids in prompts]
-        streams = self._submit_all(prompts, params, None if req.stream else request.is_disconnected)
+        stream = self.engine.submit(prompts, params, None if req.stream else request.is_disconnected)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _sse(render.completion_stream(meta, _merge(streams), req.n, echo, include_usage))
-        finals = await _collect(streams)
+            return _sse(render.completion_stream(meta, stream, req.n, echo, include_usage))
+        finals = await stream.collect()
         return JSONResponse(render.completion_body(meta, finals, req.n, echo))
 
     async def chat(self, req: ChatCompletionRequest, request: Request):
@@ -127,64 +115,24 @@ class OpenAIServing:
         params.grammar = self.grammar(req, thinking)
         meta = render.Meta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name, self.tokenizer)
         tools = req.template_tools()
-        stream = self.engine.submit(ids, params, None if req.stream else request.is_disconnected)
+        stream = self.engine.submit([ids], [params], None if req.stream else request.is_disconnected)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _sse(render.chat_stream(meta, _merge([stream]), req.n, include_usage, thinking, tools))
-        finals = await _collect([stream])
+            return _sse(render.chat_stream(meta, stream, req.n, include_usage, thinking, tools))
+        finals = await stream.collect()
         return JSONResponse(render.chat_body(meta, finals[0], thinking, tools))
 
     def grammar(self, req: ChatCompletionRequest, thinking: bool) -> str | None:
+        """The grammar the answer decodes under, checked here (a 400); None when nothing constrains it."""
+        if not req.constrained():
+            return None
         grammar = request_grammar(req, self.tokenizer, thinking)
-        if grammar is not None:
-            try:
-                self.grammar_engine.check(grammar)
-            except GrammarError as exc:
-                param = "response_format" if req.response_format is not None else "tools"
-                raise APIError(400, str(exc), param=param) from exc
-        return grammar
-
-
-async def _collect(streams) -> list:
-    last = [None] * len(streams)
-    async for i, out, _ in _merge(streams):
-        last[i] = out
-    if any(o is None or not o.finished for o in last):
-        raise APIError(499, "the client disconnected")
-    return last
-
-
-async def _merge(streams) -> AsyncIterator[tuple[int, RequestOutput, list[Delta]]]:
-    """Interleave several request streams as (prompt index, output, deltas); cancelling stops them all."""
-    if len(streams) == 1:
-        async for out, deltas in streams[0]:
-            yield 0, out, deltas
-        return
-    q: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i, stream):
         try:
-            async for item in stream:
-                await q.put((i, item))
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer
-            await q.put((i, exc))
-        finally:
-            await q.put((i, None))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        left = len(tasks)
-        while left:
-            i, item = await q.get()
-            if item is None:
-                left -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield i, *item
-    finally:
-        for t in tasks:
-            t.cancel()
+            self.grammar_engine.check(grammar)
+        except GrammarError as exc:
+            param = "response_format" if req.response_format is not None else "tools"
+            raise APIError(400, str(exc), param=param) from exc
+        return grammar
 
 
 def _sse(chunks: AsyncIterator[dict]) -> StreamingResponse:
