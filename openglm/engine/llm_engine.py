@@ -201,19 +201,17 @@ class LLMEngine:
 
     def _outputs(self, results: list[RowResult], failed: dict[str, str]) -> list[RequestOutput]:
         """The failed requests (finished with "error") first, then every request with a new token."""
-        outputs = []
-        for request_id, why in failed.items():
-            for seq in self.requests.get(request_id, []):
+        failed = {request_id: why for request_id, why in failed.items() if request_id in self.requests}
+        for request_id in failed:
+            for seq in self.requests[request_id]:
                 if not seq.is_finished:
                     self.scheduler.finish(seq, "error")
-            if request_id in self.requests:
-                outputs.append(self._output(request_id))
-                outputs[-1].error = why
         advanced = dict.fromkeys(r.seq.request_id for r in results if r.tokens and r.seq.request_id not in failed)
-        return outputs + [self._output(request_id) for request_id in advanced if request_id in self.requests]
+        return ([self._output(request_id, why) for request_id, why in failed.items()]
+                + [self._output(request_id) for request_id in advanced if request_id in self.requests])
 
-    def _output(self, request_id: str) -> RequestOutput:
-        out = request_output(request_id, self.requests[request_id])
+    def _output(self, request_id: str, error: str | None = None) -> RequestOutput:
+        out = request_output(request_id, self.requests[request_id], error)
         if out.finished:
             del self.requests[request_id]
         return out

@@ -122,7 +122,7 @@ def streamable_length(seq: Sequence) -> int:
     return max(n, 0)
 
 
-def request_output(request_id: str, seqs: list[Sequence]) -> RequestOutput:
+def request_output(request_id: str, seqs: list[Sequence], error: str | None = None) -> RequestOutput:
     """A snapshot of the request's choices (safe to hand to another thread: nothing in it is shared)."""
     outs = [CompletionOutput(index=s.index, text=s.output_text[: streamable_length(s)], token_ids=s.output_token_ids,
                              finish_reason=s.finish_reason, stop_reason=s.stop_reason,
@@ -133,4 +133,4 @@ def request_output(request_id: str, seqs: list[Sequence]) -> RequestOutput:
                          num_cached_tokens=seqs[0].num_cached_prompt_tokens,
                          metrics={"arrival_time": seqs[0].arrival_time,
                                   "first_token_time": min(first) if first else None,
-                                  "finished_time": time.monotonic() if finished else None})
+                                  "finished_time": time.monotonic() if finished else None}, error=error)
