@@ -3,8 +3,8 @@
 Handlers never change the engine: they post commands (add / abort) to a thread-safe queue and read
 their outputs from an asyncio.Queue that the engine thread feeds with `call_soon_threadsafe`. The
 event loop therefore never waits on a model step, and the engine is only ever stepped by one thread.
-Each request's `RequestStream` turns the engine's outputs (whole texts so far) into what a stream sends:
-per choice, what is new since the previous output (`Delta`).
+Each HTTP request gets one `RequestStream` over the engine requests of all its prompts; it turns the engine's
+outputs (whole texts so far) into what a stream sends: per choice, what is new since the previous output.
 """
 
 from __future__ import annotations
