@@ -128,6 +128,7 @@ def header_timeout_protocol(header_timeout_s: float) -> type[H11Protocol]:
 
 def uvicorn_config(app, host: str, port: int, limits: ServerLimits, log_level: str = "info"):
 
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=header_timeout_protocol(limits.header_timeout_s),
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                          http=header_timeout_protocol(limits.header_timeout_s),
                           timeout_keep_alive=limits.keep_alive_s, limit_concurrency=limits.limit_concurrency,
                           h11_max_incomplete_event_size=64 << 10)  # request line + headers: at most 64 KiB
