@@ -31,8 +31,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from openglm.agent.hooks import Hooks
 from openglm.agent.llm import FallbackModel, ModelError
-from openglm.agent.process import read_pgid, running_pidfile, stop_command
+from openglm.agent.process import read_pgid, running_pidfile
 from openglm.agent.task import TERMINAL, ConstraintError, TaskState, parse_constraints
+from openglm.util.proc import stop_group
 
 from .config import Action, BudgetConfig, ResilienceConfig
 from .guard import BudgetTracker, Guard
@@ -255,7 +256,7 @@ class _TaskMonitor:
         with self.guard.lock:
             self.guard.restart = alert.to_dict()
         for pgid in pids:  # the command's step then commits, and is rolled back to the previous snapshot
-            stop_command(pgid)  # its launcher kills the whole tree (setsid children too)
+            stop_group(pgid)  # its launcher kills the whole tree (setsid children too)
         return f"killed process group(s) {pids}; the step restarts from the last snapshot"
 
     def fallback(self, alert) -> str:
