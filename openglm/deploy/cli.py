@@ -7,7 +7,6 @@ engine flags, `deploy` from deploy.yaml. The heavy imports (torch, the engine, u
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import shlex
 import shutil
@@ -18,6 +17,7 @@ from pathlib import Path
 from openglm.deploy.config import DeployConfig, DeployConfigError, SessionCache, Speculative, load_deploy_config
 from openglm.deploy.handoff import launch_command
 from openglm.server.limits import ServerLimits
+from openglm.util.auth import is_loopback
 
 KEY_ENV = "OPENGLM_API_KEY"
 
@@ -45,15 +45,6 @@ def resolve_api_key(args) -> str | None:
             raise KeySetupError(f"${KEY_ENV} is set but empty: unset it to serve without a key, or give it a value")
         return key
     return None
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a hostname: it may resolve to anything
-        return False
 
 
 D = " (default %(default)s)"
