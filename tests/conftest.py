@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 
 def _cuda() -> bool:
     import torch  # the suite imports it anyway; here only to ask for a device

@@ -57,12 +57,12 @@ def kernel_device(t: torch.Tensor) -> bool:
 @functools.lru_cache(maxsize=1)
 def _triton_present() -> bool:
     try:
-        import triton  # noqa: F401  optional (the `gpu` extra): only probed once a CUDA tensor arrives
+        import triton  # optional (the `gpu` extra): only probed once a CUDA tensor arrives
     except ImportError:
         warnings.warn("triton is not installed: CUDA runs the PyTorch ops (pip install 'openglm[gpu]' for the "
                       "Triton kernels)", stacklevel=3)
         return False
-    return True
+    return bool(triton.__version__)
 
 
 # ---- MoE experts ---------------------------------------------------------------------------------------

@@ -24,8 +24,8 @@ def models_own_greedy(model, prompts) -> list[list[int]]:
     return [generate_ids(model, p, NEW_TOKENS, temperature=0) for p in prompts]
 
 
-def engine_greedy(llm: LLM, prompts) -> list[list[int]]:
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True),
+def engine_greedy(llm: LLM, prompts, new_tokens: int = NEW_TOKENS) -> list[list[int]]:
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True),
                         use_tqdm=False)
     return [o.outputs[0].token_ids for o in outs]
 
@@ -59,6 +59,19 @@ def test_cpu_engine_keeps_its_pool_on_the_cpu_and_matches_the_models_greedy(tiny
     assert runner.device == torch.device("cpu")
     assert runner.pool.tensors and all(t.device.type == "cpu" for t in runner.pool.tensors.values())
     assert got == models_own_greedy(load_model(str(tiny_checkpoint), dtype=torch.float32), PROMPTS)
+
+
+def test_engine_with_the_kernels_matches_the_engine_without(tiny_checkpoint, monkeypatch):
+    """The engine's steps (padded batches of prefill chunks and decodes over the paged pool) with every dispatch
+    point taking the Triton kernels, here in Triton's interpreter on the CPU: the same greedy tokens."""
+    from openglm.model import gpu
+
+    prompts = [[5, 9, 33, 7], list(range(40, 60)), [200, 3, 17, 101, 96, 12, 8, 250, 9]]  # 20 > index_topk = 8
+    plain = engine_greedy(LLM(str(tiny_checkpoint), num_kv_blocks=64, max_num_batched_tokens=16), prompts, 6)
+    monkeypatch.setattr(gpu, "kernel_device", lambda t: True)
+    monkeypatch.setattr("openglm.model.model.DecodePlan.create", lambda *a, **k: None)  # the C decode step
+    # 16 tokens a step: the 20-token prompt is prefilled in two chunks, the second beside the others' decodes
+    assert engine_greedy(LLM(str(tiny_checkpoint), num_kv_blocks=64, max_num_batched_tokens=16), prompts, 6) == plain
 
 
 # ---- on a CUDA device ------------------------------------------------------------------------------------
