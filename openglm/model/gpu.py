@@ -78,7 +78,7 @@ def experts_forward(experts, x: torch.Tensor, indices: torch.Tensor, weights: to
         return None
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, weights, experts.gate_up_proj, experts.down_proj)):
         return _RecomputedExperts.apply(x, weights, experts.gate_up_proj, experts.down_proj, indices, experts, gate_up, down)
-    return kernels.fused_experts(x, indices, weights, gate_up, down)
+    return kernels.fused_experts(x, indices, weights, gate_up, down, check_indices=False)  # the router's picks
 
 
 def _expert_weights(kernels, w: torch.Tensor, dtype: torch.dtype):
@@ -100,7 +100,7 @@ class _RecomputedExperts(torch.autograd.Function):
 
         ctx.save_for_backward(x, weights, indices)
         ctx.experts = experts
-        return kernels.fused_experts(x, indices, weights, gate_up_w, down_w)
+        return kernels.fused_experts(x, indices, weights, gate_up_w, down_w, check_indices=False)
 
     @staticmethod
     def backward(ctx, grad):
