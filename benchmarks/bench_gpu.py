@@ -91,7 +91,7 @@ class Device:
         from triton.testing import do_bench
 
         n = 8192
-        a, b = torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16), torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16)
+        a, b = (torch.randn(n, n, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
         flops = 2 * n ** 3 / (do_bench(lambda: a @ b, return_mode="median") * 1e-3)
         src = torch.empty(1 << 30, dtype=torch.uint8, device=DEVICE)
         dst = torch.empty_like(src)
@@ -287,8 +287,8 @@ def engine_rates(model, quick: bool, kernels: bool) -> dict:
     vocab = model.config.vocab_size
 
     def run(prompts, max_tokens) -> tuple[float, float]:
-        ids = [engine.add_request(torch.randint(3, vocab, (n,), generator=g).tolist(),
-                                  SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)) for n in prompts]
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        ids = [engine.add_request(torch.randint(3, vocab, (n,), generator=g).tolist(), params) for n in prompts]
         sync()
         t0, first, left = time.perf_counter(), None, set(ids)
         while engine.has_unfinished():
@@ -305,7 +305,8 @@ def engine_rates(model, quick: bool, kernels: bool) -> dict:
         run([64, 64], 4)  # warm-up: kernel compilation, allocator
         prefill_s, _ = run([prefill_len] * n_prefill, 1)
         _, decode_s = run([64] * n_decode, new_tokens)
-    return {"prefill_tok_s": n_prefill * prefill_len / prefill_s, "decode_tok_s": n_decode * (new_tokens - 1) / decode_s}
+    return {"prefill_tok_s": n_prefill * prefill_len / prefill_s,
+            "decode_tok_s": n_decode * (new_tokens - 1) / decode_s}
 
 
 def e2e_lines(quick: bool, preset: str = "medium") -> tuple[list[str], dict]:

@@ -107,7 +107,8 @@ def fused_experts(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
         raise ValueError(f"gate_up has {n_experts} experts, down {down.values.shape[0]}")
     for w in (gate_up, down):
         if w.values.dtype not in QUANTIZED and w.values.dtype != x.dtype:
-            raise ValueError(f"weights {w.values.dtype} with activations {x.dtype}: quantised weights, or the same dtype")
+            raise ValueError(f"weights {w.values.dtype} with activations {x.dtype}: "
+                             "expected quantised weights or the activations' dtype")
     device = check_device(x, indices, weights, gate_up.values, down.values, gate_up.scale, down.scale)
     out = torch.zeros(n_tokens, hidden, dtype=torch.float32, device=device)
     top_k = indices.shape[1]

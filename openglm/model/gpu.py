@@ -73,11 +73,13 @@ def experts_forward(experts, x: torch.Tensor, indices: torch.Tensor, weights: to
 
     if experts.act is not F.silu or x.dtype not in (torch.float32, torch.bfloat16):
         return None
-    gate_up, down = _expert_weights(kernels, experts.gate_up_proj, x.dtype), _expert_weights(kernels, experts.down_proj, x.dtype)
+    gate_up = _expert_weights(kernels, experts.gate_up_proj, x.dtype)
+    down = _expert_weights(kernels, experts.down_proj, x.dtype)
     if gate_up is None or down is None:
         return None
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, weights, experts.gate_up_proj, experts.down_proj)):
-        return _RecomputedExperts.apply(x, weights, experts.gate_up_proj, experts.down_proj, indices, experts, gate_up, down)
+    params = (experts.gate_up_proj, experts.down_proj)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, weights, *params)):
+        return _RecomputedExperts.apply(x, weights, *params, indices, experts, gate_up, down)
     return kernels.fused_experts(x, indices, weights, gate_up, down, check_indices=False)  # the router's picks
 
 
@@ -108,8 +110,9 @@ class _RecomputedExperts(torch.autograd.Function):
         experts = ctx.experts
         params = [experts.gate_up_proj, experts.down_proj]
         with torch.enable_grad(), pytorch_ops():
-            x_, w_ = x.detach().requires_grad_(ctx.needs_input_grad[0]), weights.detach().requires_grad_(ctx.needs_input_grad[1])
-            out, _ = experts(x_, indices, w_)
+            x_ = x.detach().requires_grad_(ctx.needs_input_grad[0])
+            w_ = weights.detach().requires_grad_(ctx.needs_input_grad[1])
+            out, _ = experts.forward(x_, indices, w_)  # not __call__: the module's hooks ran in the forward
             wanted = [(t, need) for t, need in zip([x_, w_, *params], ctx.needs_input_grad[:4]) if need]
             grads = iter(torch.autograd.grad(out, [t for t, _ in wanted], grad.to(out.dtype), allow_unused=True))
         result = [next(grads) if need else None for need in ctx.needs_input_grad[:4]]

@@ -111,7 +111,8 @@ def attention_inputs(b=2, tq=5, tk=40, heads=20, rank=24, rope=8, n_top=12, dtyp
 def reference_attention(q, keys, slots, rank, scale):
     k = keys.transpose(1, 2).float()
     with torch.no_grad():
-        return sparse_dsa.gather_attention(q.float().transpose(1, 2), k, k[..., :rank], slots, scale=scale).transpose(1, 2)
+        out = sparse_dsa.gather_attention(q.float().transpose(1, 2), k, k[..., :rank], slots, scale=scale)
+    return out.transpose(1, 2)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
