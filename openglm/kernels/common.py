@@ -31,16 +31,17 @@ def next_pow2(n: int, least: int = 16) -> int:
     return max(least, triton.next_power_of_2(max(1, n)))
 
 
-def dot_options(dtype: torch.dtype) -> tuple[bool, str]:
+def dot_options(dtype: torch.dtype, fp32: str = "ieee") -> tuple[bool, str]:
     """(upcast, input_precision) for a dot over operands of `dtype`.
 
     upcast: the interpreter stores bf16 as its bit pattern and its tl.dot would multiply those (Triton's
     documented limit: bf16 arithmetic needs a cast to fp32 there), so under the interpreter the kernels widen
     dot operands to fp32 first. On a GPU a bf16 x bf16 product is exact in fp32 and accumulates in fp32, so the
     widened interpreter dot computes the same sums up to their order.
-    input_precision: fp32 operands use "ieee" (exact fp32 products, as the PyTorch reference computes them)
-    rather than Triton's default TF32, which keeps only 10 mantissa bits of each operand."""
-    return INTERPRET, "ieee" if dtype == torch.float32 else "tf32"
+    input_precision: fp32 operands use `fp32`: "ieee" (exact fp32 products, as the PyTorch reference computes
+    them) or "tf32x3" (fp32-level accuracy from three TF32 tensor-core products), never Triton's default TF32,
+    which keeps only 10 mantissa bits of each operand. The interpreter computes exact fp32 products either way."""
+    return INTERPRET, fp32 if dtype == torch.float32 else "tf32"
 
 
 def contiguous_table(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -63,19 +63,25 @@ def index_scores(index_q: torch.Tensor, weights: torch.Tensor, keys: torch.Tenso
         index_q = index_q.contiguous()
     w = weights.float().contiguous()
     valid = key_valid.to(torch.uint8).contiguous() if key_valid is not None else out
-    upcast, precision = dot_options(index_q.dtype if index_q.dtype == keys.dtype else torch.float32)
-    hi_p, di_p = next_pow2(hi, 1), next_pow2(di)
-    block_t = max(1, 64 // hi_p)  # queries per program: ~64 (query, head) rows per dot
-    block_n = 64
+    config = index_config(hi, di, index_q.dtype if index_q.dtype == keys.dtype else torch.float32)
     first_pos = n_keys - nq if first_pos is None else first_pos
-    grid = (triton.cdiv(nq, block_t), triton.cdiv(n_keys, block_n), b)
+    grid = (triton.cdiv(nq, config["BLOCK_T"]), triton.cdiv(n_keys, config["BLOCK_N"]), b)
     _index_scores_kernel[grid](
         index_q, index_q.stride(0), index_q.stride(1), index_q.stride(2), w, w.stride(0), w.stride(1),
         keys, keys.stride(-2), table, table.stride(0), page, valid, valid.stride(0) if key_valid is not None else 0,
-        out, out.stride(0), out.stride(1), nq, n_keys, first_pos, hi, di,
-        HAS_VALID=key_valid is not None, HI_P=hi_p, DI_P=di_p, BLOCK_T=block_t, BLOCK_N=block_n,
-        UPCAST=upcast, PRECISION=precision, num_warps=4, num_stages=2)
+        out, out.stride(0), out.stride(1), nq, n_keys, first_pos, hi, di, HAS_VALID=key_valid is not None, **config)
     return out
+
+
+def index_config(heads: int, dim: int, dtype: torch.dtype) -> dict:
+    """The indexer kernel's compile-time parameters and launch options for products of `dtype` operands:
+    ~64 (query, head) rows per dot (BLOCK_T queries of HI_P heads), 64 keys per program. fp32 products use
+    Triton's tf32x3 (three TF32 tensor-core products per fp32 product, fp32-level accuracy): exact fp32 ("ieee")
+    dots of these tiles spill registers on sm_90 (tests/kernels/test_compile.py)."""
+    upcast, precision = dot_options(dtype, fp32="tf32x3")
+    hi_p = next_pow2(heads, 1)
+    return dict(HI_P=hi_p, DI_P=next_pow2(dim), BLOCK_T=max(1, 64 // hi_p), BLOCK_N=64, UPCAST=upcast,
+                PRECISION=precision, num_warps=4, num_stages=2)
 
 
 def indexer_topk(index_q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, topk: int, *,
@@ -165,25 +171,32 @@ def sparse_mla_attention(q: torch.Tensor, kv: torch.Tensor, pe: torch.Tensor, sl
     out = torch.empty(b, tq, h, rank, dtype=q.dtype, device=device) if out is None else out
     if b * tq == 0 or h == 0:
         return out
-    upcast, precision = dot_options(q.dtype if q.dtype == kv.dtype else torch.float32)
-    block_h = 16
-    block_k = 16 if max(q.element_size(), kv.element_size()) >= 4 else 32
-    n_slots = slots.shape[-1]
-    _sparse_mla_kernel[(b * tq, triton.cdiv(h, block_h))](
+    config = attention_config(rank, rope, q.dtype if q.dtype == kv.dtype else torch.float32)
+    _sparse_mla_kernel[(b * tq, triton.cdiv(h, config["BLOCK_H"]))](
         q, q.stride(0), q.stride(1), q.stride(2), kv, pe, kv.stride(-2), pe.stride(-2), table, table.stride(0),
         page, slots, slots.stride(0), slots.stride(1), out, out.stride(0), out.stride(1), out.stride(2),
-        tq, h, n_slots, scale * 1.4426950408889634,  # log2(e): the kernel's softmax uses exp2
-        RANK=rank, ROPE=rope, RANK_P=next_pow2(rank), ROPE_P=next_pow2(rope), BLOCK_H=block_h, BLOCK_K=block_k,
-        UPCAST=upcast, PRECISION=precision, num_warps=4, num_stages=2)
+        tq, h, slots.shape[-1], scale * 1.4426950408889634, **config)  # log2(e): the softmax uses exp2
     return out
+
+
+def attention_config(rank: int, rope: int, dtype: torch.dtype) -> dict:
+    """The attention kernel's compile-time parameters and launch options: 16 heads per program (a decode step of
+    32 sequences x 64 heads is then 128 programs), 32 selected rows per step (16 in fp32), 8 warps (at rank 512
+    the [16, 512] fp32 accumulator and the row tiles fit without spilling on sm_90: tests/kernels/test_compile.py)."""
+    upcast, precision = dot_options(dtype)
+    return dict(RANK=rank, ROPE=rope, RANK_P=next_pow2(rank), ROPE_P=next_pow2(rope), BLOCK_H=16,
+                BLOCK_K=16 if dtype == torch.float32 else 32, UPCAST=upcast, PRECISION=precision,
+                num_warps=8, num_stages=2)
 
 
 @triton.jit
 def _dot_t(a, b, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     """a [M, D] . b [N, D]^T in fp32."""
     if UPCAST:
-        return tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)))
-    return tl.dot(a, tl.trans(b.to(a.dtype)), input_precision=PRECISION)
+        out = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)))
+    else:
+        out = tl.dot(a, tl.trans(b.to(a.dtype)), input_precision=PRECISION)
+    return out
 
 
 @triton.jit

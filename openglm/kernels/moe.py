@@ -82,7 +82,10 @@ def choose_tiles(assignments: int, n_experts: int, dtype: torch.dtype, scale_k: 
     if scale_k is not None:
         while scale_k % block_k and block_k > 16:
             block_k //= 2
-    return Tiles(block_m, 64 if block_m < 64 else 128, block_k, 4, 2 if dtype == torch.float32 else 3)
+    # 64 x 128 tiles of two accumulators need 8 warps to stay within 255 registers without spilling on sm_90
+    # (tests/kernels/test_compile.py compiles these choices for sm_80 and sm_90)
+    wide = block_m == 64
+    return Tiles(block_m, 128 if wide else 64, block_k, 8 if wide else 4, 2 if dtype == torch.float32 else 3)
 
 
 def fused_experts(x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, gate_up: ExpertWeights,
@@ -158,7 +161,11 @@ def _launch(x, indices, weights, gate_up: ExpertWeights, down: ExpertWeights, ou
             raise ValueError(f"BLOCK_K={t.block_k} does not divide the scale block {w.block[1]}")
     sorted_ids, block_expert = align_by_expert(indices, n_experts, t.block_m)
     act = torch.empty(sorted_ids.numel(), inter, dtype=x.dtype, device=x.device)
+    if max(x.numel(), act.numel(), out.numel(), gate_up.values[0].numel(), down.values[0].numel()) >= 2 ** 31:
+        raise ValueError("the experts kernels address each tensor (one expert's weights) with 32-bit offsets: "
+                         f"{n_tokens} tokens x {hidden} or {inter}-wide rows are too many for one launch")
     upcast, precision = dot_options(x.dtype)
+    dot_dtype = tl.float32 if upcast or x.dtype == torch.float32 else tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16
     gu, dn = gate_up, down
     gu_s = gu.scale if gu.scale is not None else x  # a placeholder pointer: never read without scales
     dn_s = dn.scale if dn.scale is not None else x
@@ -166,14 +173,14 @@ def _launch(x, indices, weights, gate_up: ExpertWeights, down: ExpertWeights, ou
     _gate_up_kernel[(n_blocks, triton.cdiv(inter, t.block_n))](
         x, x.stride(0), gu.values, gu.values.stride(0), gu.values.stride(1),
         gu_s, *(_scale_strides(gu)), sorted_ids, block_expert, act, act.stride(0), m, top_k, inter, hidden,
-        QUANT=gu.scale is not None, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-        UPCAST=upcast, PRECISION=precision, num_warps=t.num_warps, num_stages=t.num_stages)
+        QUANT=gu.scale is not None, EVEN_K=hidden % t.block_k == 0, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+        BLOCK_K=t.block_k, DOT_DTYPE=dot_dtype, PRECISION=precision, num_warps=t.num_warps, num_stages=t.num_stages)
     _down_kernel[(n_blocks, triton.cdiv(hidden, t.block_n))](
         act, act.stride(0), dn.values, dn.values.stride(0), dn.values.stride(1),
         dn_s, *(_scale_strides(dn)), sorted_ids, block_expert, weights.reshape(-1).contiguous(),
         out, out.stride(0), m, top_k, hidden, inter,
-        QUANT=dn.scale is not None, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-        UPCAST=upcast, PRECISION=precision, num_warps=t.num_warps, num_stages=t.num_stages)
+        QUANT=dn.scale is not None, EVEN_K=inter % t.block_k == 0, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+        BLOCK_K=t.block_k, DOT_DTYPE=dot_dtype, PRECISION=precision, num_warps=t.num_warps, num_stages=t.num_stages)
 
 
 def _scale_strides(w: ExpertWeights) -> tuple[int, int, int, int, int]:
@@ -185,88 +192,99 @@ def _scale_strides(w: ExpertWeights) -> tuple[int, int, int, int, int]:
 
 
 @triton.jit
-def _tile_product(a, w_ptrs, mask, s_ptrs, s_mask, QUANT: tl.constexpr, UPCAST: tl.constexpr,
-                  PRECISION: tl.constexpr):
-    """a [BM, BK] times the weight tile at w_ptrs ([BK, BN] pointers) in fp32, with the tile's block scales
-    (s_ptrs [BN], one per output column) applied."""
-    if QUANT:  # int8 / e4m3 widened in registers (exactly); no `other=` (the interpreter cannot cast one to fp8)
-        w = tl.load(w_ptrs, mask=mask)
-        if UPCAST:
-            w = tl.where(mask, w.to(tl.float32), 0.0)
-        else:
-            w = tl.where(mask, w.to(a.dtype), 0.0)
+def _weight_tile(ptrs, k_ok, EVEN_K: tl.constexpr, QUANT: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """The [BK, BN] weight tile at `ptrs` in DOT_DTYPE, zero where k_ok is false (unless EVEN_K: no partial tile).
+    int8 / e4m3 values are widened in registers (exactly); their loads take no `other=` fill, which the
+    interpreter cannot cast to fp8, and are zeroed after the widening instead."""
+    if EVEN_K:
+        w = tl.load(ptrs)
+    elif QUANT:
+        w = tl.load(ptrs, mask=k_ok[:, None])
     else:
-        w = tl.load(w_ptrs, mask=mask, other=0)
-    if UPCAST:
-        p = tl.dot(a.to(tl.float32), w.to(tl.float32))
-    else:
-        p = tl.dot(a, w, input_precision=PRECISION)
-    if QUANT:
-        p = p * tl.load(s_ptrs, mask=s_mask, other=0.0)[None, :]
-    return p
+        w = tl.load(ptrs, mask=k_ok[:, None], other=0)
+    w = w.to(DOT_DTYPE)
+    if QUANT and not EVEN_K:
+        w = tl.where(k_ok[:, None], w, 0.0)
+    return w
 
 
 @triton.jit
 def _gate_up_kernel(x_ptr, stride_x, w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, stride_sk, SB_N, SB_K,
                     ids_ptr, expert_ptr, act_ptr, stride_act, M, TOP_K, INTER, HIDDEN,
-                    QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                    QUANT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(expert_ptr + pid_m)
+    e = tl.maximum(expert, 0).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     ids = tl.load(ids_ptr + rows)
     valid = ids < M  # padding rows (and every row of a block past the last expert) hold M
-    token = (ids // TOP_K).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < INTER
-    w_base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
-    s_base = s_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_se
+    token = tl.where(valid, ids // TOP_K, 0)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = n % INTER  # wrapped: the weight loads need no column mask (the store has one)
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = x_ptr + token[:, None] * stride_x + ks[None, :]
+    g_ptrs = w_ptr + e * stride_we + cols[None, :] * stride_wn + ks[:, None]  # gate rows; up rows are INTER below
+    u_ptrs = g_ptrs + INTER * stride_wn
+    sg_ptrs = s_ptr + e * stride_se + (cols // SB_N) * stride_sn
+    su_ptrs = s_ptr + e * stride_se + ((cols + INTER) // SB_N) * stride_sn
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_end = tl.where(expert >= 0, HIDDEN, 0)  # a block past the last expert computes nothing
     for k0 in range(0, k_end, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < HIDDEN
-        a = tl.load(x_ptr + token[:, None] * stride_x + ks[None, :], mask=valid[:, None] & k_ok[None, :], other=0)
-        w_mask = k_ok[:, None] & col_ok[None, :]
-        gate_rows, up_rows = cols, cols + INTER
-        acc_gate += _tile_product(a, w_base + gate_rows[None, :].to(tl.int64) * stride_wn + ks[:, None], w_mask,
-                                  s_base + (gate_rows // SB_N) * stride_sn + (k0 // SB_K) * stride_sk, col_ok,
-                                  QUANT, UPCAST, PRECISION)
-        acc_up += _tile_product(a, w_base + up_rows[None, :].to(tl.int64) * stride_wn + ks[:, None], w_mask,
-                                s_base + (up_rows // SB_N) * stride_sn + (k0 // SB_K) * stride_sk, col_ok,
-                                QUANT, UPCAST, PRECISION)
+        k_ok = ks < HIDDEN - k0
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=valid[:, None], other=0)
+        else:
+            a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0)
+        a = a.to(DOT_DTYPE)
+        gate = tl.dot(a, _weight_tile(g_ptrs, k_ok, EVEN_K, QUANT, DOT_DTYPE), input_precision=PRECISION)
+        up = tl.dot(a, _weight_tile(u_ptrs, k_ok, EVEN_K, QUANT, DOT_DTYPE), input_precision=PRECISION)
+        if QUANT:  # the K tile lies in one scale block: one scale per output column
+            gate = gate * tl.load(sg_ptrs + (k0 // SB_K) * stride_sk)[None, :]
+            up = up * tl.load(su_ptrs + (k0 // SB_K) * stride_sk)[None, :]
+        acc_gate += gate
+        acc_up += up
+        a_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
     h = acc_gate * tl.sigmoid(acc_gate) * acc_up  # silu(gate) * up, in fp32
-    out = act_ptr + rows[:, None].to(tl.int64) * stride_act + cols[None, :]
-    tl.store(out, h.to(act_ptr.dtype.element_ty), mask=valid[:, None] & col_ok[None, :])
+    out = act_ptr + rows[:, None] * stride_act + n[None, :]
+    tl.store(out, h.to(act_ptr.dtype.element_ty), mask=valid[:, None] & (n < INTER)[None, :])
 
 
 @triton.jit
 def _down_kernel(act_ptr, stride_act, w_ptr, stride_we, stride_wn, s_ptr, stride_se, stride_sn, stride_sk, SB_N, SB_K,
                  ids_ptr, expert_ptr, route_ptr, out_ptr, stride_out, M, TOP_K, HIDDEN, INTER,
-                 QUANT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                 QUANT: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(expert_ptr + pid_m)
+    e = tl.maximum(expert, 0).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     ids = tl.load(ids_ptr + rows)
     valid = ids < M
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < HIDDEN
-    w_base = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we
-    s_base = s_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_se
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = n % HIDDEN
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = act_ptr + rows[:, None] * stride_act + ks[None, :]
+    w_ptrs = w_ptr + e * stride_we + cols[None, :] * stride_wn + ks[:, None]
+    s_ptrs = s_ptr + e * stride_se + (cols // SB_N) * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_end = tl.where(expert >= 0, INTER, 0)
     for k0 in range(0, k_end, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < INTER
-        a = tl.load(act_ptr + rows[:, None].to(tl.int64) * stride_act + ks[None, :],
-                    mask=valid[:, None] & k_ok[None, :], other=0)
-        acc += _tile_product(a, w_base + cols[None, :].to(tl.int64) * stride_wn + ks[:, None],
-                             k_ok[:, None] & col_ok[None, :],
-                             s_base + (cols // SB_N) * stride_sn + (k0 // SB_K) * stride_sk, col_ok,
-                             QUANT, UPCAST, PRECISION)
+        k_ok = ks < INTER - k0
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=valid[:, None], other=0)
+        else:
+            a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0)
+        part = tl.dot(a.to(DOT_DTYPE), _weight_tile(w_ptrs, k_ok, EVEN_K, QUANT, DOT_DTYPE), input_precision=PRECISION)
+        if QUANT:
+            part = part * tl.load(s_ptrs + (k0 // SB_K) * stride_sk)[None, :]
+        acc += part
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
     route = tl.load(route_ptr + ids, mask=valid, other=0.0)
-    token = (ids // TOP_K).to(tl.int64)
-    tl.atomic_add(out_ptr + token[:, None] * stride_out + cols[None, :], acc * route[:, None],
-                  mask=valid[:, None] & col_ok[None, :], sem="relaxed")  # plain sums: no ordering needed
+    token = tl.where(valid, ids // TOP_K, 0)
+    tl.atomic_add(out_ptr + token[:, None] * stride_out + n[None, :], acc * route[:, None],
+                  mask=valid[:, None] & (n < HIDDEN)[None, :], sem="relaxed")  # plain sums: no ordering needed

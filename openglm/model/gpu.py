@@ -87,6 +87,8 @@ def _expert_weights(kernels, w: torch.Tensor, dtype: torch.dtype):
     if isinstance(w, QuantizedWeight):
         if w.qdata.dtype not in kernels.QUANTIZED or w.qdata.dim() != 3:
             return None
+        if w.qdata.dtype == torch.float8_e4m3fn and w.is_cuda and torch.cuda.get_device_capability(w.device) < (8, 9):
+            return None  # e4m3 conversions need sm_89+ (Ada, Hopper and later)
         return kernels.per_row(w.qdata, w.scale)
     if w.dtype != dtype or w.dim() != 3 or w.stride(-1) != 1:
         return None

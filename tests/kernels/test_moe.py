@@ -70,6 +70,18 @@ def test_fused_experts_match_the_models_experts(dtype, n_tokens, k):
     assert rel_err(out, reference(experts, x, idx, w)) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_widths_in_whole_k_tiles(dtype):
+    # hidden and expert width multiples of BLOCK_K: the kernels' unmasked K loop (the real widths take it)
+    experts = make_experts(hidden=64, inter=64, dtype=dtype)
+    x = torch.randn(21, 64).to(dtype)
+    idx, w = routing(21, 2, 6)
+    assert rel_err(run(experts, x, idx, w), reference(experts, x, idx, w)) < TOL[dtype]
+    qexperts, stacks = quantized_experts("fp8", dtype, hidden=64, inter=64)
+    out = kernels.fused_experts(x.to(DEVICE), idx.to(DEVICE), w.to(DEVICE), stacks["gate_up_proj"], stacks["down_proj"])
+    assert rel_err(out, reference(dequantized(qexperts, 64, 64), x, idx, w)) < TOL[dtype]
+
+
 def test_several_row_blocks_per_expert_and_narrow_tiles():
     # 16-row blocks and 16-wide column tiles: an expert's rows span blocks, outputs span column tiles
     experts = make_experts()
@@ -89,9 +101,9 @@ def test_align_groups_assignments_by_expert_in_token_order():
     assert (block_expert[4:] == -1).all() and (sorted_ids[8:] == m).all()
 
 
-def quantized_experts(kind: str, dtype=torch.float32):
+def quantized_experts(kind: str, dtype=torch.float32, **shape):
     """The model's experts holding `--quantization` weights (one scale per output row) as QuantizedWeight buffers."""
-    experts = make_experts(dtype=dtype)
+    experts = make_experts(dtype=dtype, **shape)
     stacks = {}
     for name in ("gate_up_proj", "down_proj"):
         p = getattr(experts, name)
@@ -109,11 +121,16 @@ def test_per_row_quantised_weights_are_read_as_stored(kind, dtype):
     x = torch.randn(9, 48).to(dtype)
     idx, w = routing(9, 2, 6)
     out = kernels.fused_experts(x.to(DEVICE), idx.to(DEVICE), w.to(DEVICE), stacks["gate_up_proj"], stacks["down_proj"])
-    plain = make_experts()  # fp32 experts on the dequantised weights: what the int8 / fp8 values stand for
+    assert rel_err(out, reference(dequantized(experts), x, idx, w)) < TOL[dtype]
+
+
+def dequantized(experts: Experts, hidden=48, inter=40) -> Experts:
+    """fp32 experts on the dequantised weights: what the int8 / fp8 values with their row scales stand for."""
+    plain = make_experts(hidden=hidden, inter=inter)
     with torch.no_grad():
         plain.gate_up_proj.copy_(experts.gate_up_proj.qdata.float() * experts.gate_up_proj.scale)
         plain.down_proj.copy_(experts.down_proj.qdata.float() * experts.down_proj.scale)
-    assert rel_err(out, reference(plain, x, idx, w)) < TOL[dtype]
+    return plain
 
 
 @pytest.mark.parametrize("block", [(16, 32), (128, 128)])
