@@ -63,15 +63,27 @@ def test_cpu_engine_keeps_its_pool_on_the_cpu_and_matches_the_models_greedy(tiny
 
 def test_engine_with_the_kernels_matches_the_engine_without(tiny_checkpoint, monkeypatch):
     """The engine's steps (padded batches of prefill chunks and decodes over the paged pool) with every dispatch
-    point taking the Triton kernels, here in Triton's interpreter on the CPU: the same greedy tokens."""
+    point taking the Triton kernels (without CUDA: in Triton's interpreter on the CPU): the same greedy tokens."""
     from openglm.model import gpu
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     prompts = [[5, 9, 33, 7], list(range(40, 60)), [200, 3, 17, 101, 96, 12, 8, 250, 9]]  # 20 > index_topk = 8
-    plain = engine_greedy(LLM(str(tiny_checkpoint), num_kv_blocks=64, max_num_batched_tokens=16), prompts, 6)
-    monkeypatch.setattr(gpu, "kernel_device", lambda t: True)
-    monkeypatch.setattr("openglm.model.model.DecodePlan.create", lambda *a, **k: None)  # the C decode step
+    llm = LLM(str(tiny_checkpoint), num_kv_blocks=64, max_num_batched_tokens=16, enable_prefix_caching=False,
+              device=device)  # no prefix cache: the second run prefills everything again
+    with gpu.pytorch_ops():
+        plain = engine_greedy(llm, prompts, 6)
+    if device == "cpu":
+        monkeypatch.setattr(gpu, "kernel_device", lambda t: True)
+        monkeypatch.setattr("openglm.model.model.DecodePlan.create", lambda *a, **k: None)  # the C decode step
+    calls = {}
+    for name in ("experts_forward", "dsa_attention", "gather_attention"):
+        def counted(*args, _fn=getattr(gpu, name), _name=name, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _fn(*args, **kwargs)
+        monkeypatch.setattr(gpu, name, counted)
     # 16 tokens a step: the 20-token prompt is prefilled in two chunks, the second beside the others' decodes
-    assert engine_greedy(LLM(str(tiny_checkpoint), num_kv_blocks=64, max_num_batched_tokens=16), prompts, 6) == plain
+    assert engine_greedy(llm, prompts, 6) == plain
+    assert set(calls) == {"experts_forward", "dsa_attention", "gather_attention"}
 
 
 # ---- on a CUDA device ------------------------------------------------------------------------------------

@@ -158,7 +158,8 @@ def test_bad_inputs_get_clear_errors():
     gu, dn = kernels.ExpertWeights(experts.gate_up_proj.detach()), kernels.ExpertWeights(experts.down_proj.detach())
     x = torch.randn(2, 48)
     with pytest.raises(IndexError, match=r"expert indices must be in \[0, 6\)"):
-        kernels.fused_experts(x, torch.tensor([[0, 6], [1, 2]]), torch.ones(2, 2), gu, dn)
+        on = [t.to(DEVICE) for t in (x, torch.tensor([[0, 6], [1, 2]]), torch.ones(2, 2))]
+        kernels.fused_experts(*on, *(kernels.ExpertWeights(w.values.to(DEVICE)) for w in (gu, dn)))
     with pytest.raises(ValueError, match="expected \\[N, H\\], \\[N, k\\], \\[N, k\\]"):
         kernels.fused_experts(x, torch.zeros(2, 2, dtype=torch.long), torch.ones(3, 2), gu, dn)
     with pytest.raises(ValueError, match="int8 weights need scales"):

@@ -2,8 +2,9 @@
 kernels, the autograd fallbacks, and the whole model with the kernels in place.
 
 Without CUDA, the kernels run in Triton's interpreter on CPU tensors (tests/conftest.py), and the tests that
-need the dispatch to fire point `gpu.kernel_device` at the CPU. Tests marked `gpu` run the CUDA paths
-themselves (deselected without a CUDA device; see tests/conftest.py). Tolerances as in tests/kernels.
+need the dispatch to fire point `gpu.kernel_device` at the CPU; with CUDA the same tests run on the device.
+References are the model's PyTorch ops (`gpu.pytorch_ops()`). Tests marked `gpu` run CUDA-only checks
+(deselected without a CUDA device; see tests/conftest.py). Tolerances as in tests/kernels.
 """
 
 import subprocess
@@ -18,18 +19,20 @@ from openglm.model.moe import Experts
 
 pytest.importorskip("triton", reason="triton is a test dependency (pyproject's test extra)")
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def tiny_model(dtype=torch.float32, **overrides) -> GlmMoeDsaForCausalLM:
     # 16 index heads: relu zeros tie at the top-k boundary with 4 (see tests/engine/conftest.py)
     torch.manual_seed(0)
     cfg = ModelConfig.from_preset("tiny", index_n_heads=16, **overrides)
-    return GlmMoeDsaForCausalLM(cfg).to(dtype).eval()
+    return GlmMoeDsaForCausalLM(cfg).to(dtype).eval().to(DEVICE)
 
 
 def moe_inputs(model, n=13, seed=1):
     layer = model.model.layers[1].mlp
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, model.config.hidden_size, generator=g).to(model.dtype)
+    x = torch.randn(n, model.config.hidden_size, generator=g).to(model.dtype).to(DEVICE)
     with torch.no_grad():
         r = layer.gate(x, with_probs=False)
     return layer.experts, x, r.indices, r.weights
@@ -37,9 +40,10 @@ def moe_inputs(model, n=13, seed=1):
 
 def test_experts_dispatch_matches_the_pytorch_experts():
     experts, x, idx, w = moe_inputs(tiny_model())
+    with torch.no_grad(), gpu.pytorch_ops():
+        ref, _ = experts(x, idx, w)
     with torch.no_grad():
         got = gpu.experts_forward(experts, x, idx, w)
-        ref, _ = experts(x, idx, w)
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
@@ -47,9 +51,10 @@ def test_experts_dispatch_reads_quantized_weights_in_place():
     model = tiny_model()
     quantize_model(model, "int8")
     experts, x, idx, w = moe_inputs(model)
+    with torch.no_grad(), gpu.pytorch_ops():
+        ref, _ = experts(x, idx, w)  # the model's own op: the weights dequantised per op
     with torch.no_grad():
         got = gpu.experts_forward(experts, x, idx, w)
-        ref, _ = experts(x, idx, w)  # the model's own op: the weights dequantised per op
     assert float((got - ref).abs().max() / ref.abs().max()) < 1e-5
 
 
@@ -57,13 +62,14 @@ def test_experts_backward_is_the_pytorch_experts_backward():
     """Training: the kernels' forward, then the PyTorch experts recomputed for the backward, whose gradients
     are therefore exactly those of the PyTorch path for the same output gradient."""
     experts, x, idx, w = moe_inputs(tiny_model())
-    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     grads = []
     for use_kernels in (True, False):
         experts.zero_grad()
         xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
-        out = gpu.experts_forward(experts, xi, idx, wi) if use_kernels else experts(xi, idx, wi)[0]
-        (out * g).sum().backward()
+        with gpu.pytorch_ops() if not use_kernels else torch.enable_grad():
+            out = gpu.experts_forward(experts, xi, idx, wi) if use_kernels else experts(xi, idx, wi)[0]
+            (out * g).sum().backward()
         grads.append([xi.grad, wi.grad, experts.gate_up_proj.grad.clone(), experts.down_proj.grad.clone()])
     for got, ref in zip(*grads):
         assert torch.equal(got, ref)
@@ -85,15 +91,17 @@ def latent_inputs(b=2, tq=6, tk=30, heads=4, rank=32, rope=8, seed=0):
     iw = torch.rand(b, tq, 16, generator=g) * 0.25
     valid = torch.ones(b, tk, dtype=torch.bool)
     valid[0, :5] = False
+    q, k, iq, ik, iw, valid = (t.to(DEVICE) for t in (q, k, iq, ik, iw, valid))
     return q, k, k[..., :rank], iq, ik, iw, valid
 
 
 def test_dsa_dispatch_matches_the_models_dsa():
     q, k, v, iq, ik, iw, valid = latent_inputs()
     kw = dict(scale=0.3, index_scale=0.25, key_mask=valid, return_slots=True)
+    with torch.no_grad(), gpu.pytorch_ops():
+        ref, ref_slots = sparse_dsa.dsa_attention(q, k, v, iq, ik, iw, 8, **kw)
     with torch.no_grad():
         got, got_slots = gpu.dsa_attention(q, k, v, iq, ik, iw, 8, **kw)
-        ref, ref_slots = sparse_dsa.dsa_attention(q, k, v, iq, ik, iw, 8, **kw)
         shared = gpu.gather_attention(q, k, v, ref_slots, 0.3)  # a 'shared' indexer layer reuses the slots
     assert torch.equal(got_slots, ref_slots.long())
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6) and torch.allclose(shared, ref, rtol=1e-5, atol=1e-6)
@@ -103,7 +111,8 @@ def test_dsa_dispatch_with_autograd_attends_through_the_pytorch_gather():
     q, k, v, iq, ik, iw, valid = latent_inputs()
     q.requires_grad_()
     out = gpu.dsa_attention(q, k, v, iq, ik, iw, 8, scale=0.3, index_scale=0.25, key_mask=valid)
-    ref = sparse_dsa.dsa_attention(q, k, v, iq, ik, iw, 8, scale=0.3, index_scale=0.25, key_mask=valid)
+    with gpu.pytorch_ops():
+        ref = sparse_dsa.dsa_attention(q, k, v, iq, ik, iw, 8, scale=0.3, index_scale=0.25, key_mask=valid)
     assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6)
     out.sum().backward()
     assert q.grad is not None and q.grad.abs().sum() > 0
@@ -111,10 +120,11 @@ def test_dsa_dispatch_with_autograd_attends_through_the_pytorch_gather():
 
 @pytest.fixture
 def kernels_on_cpu(monkeypatch):
-    """The dispatch points take CPU tensors to the kernels (in Triton's interpreter), as they take CUDA ones;
-    returns the number of calls each dispatch function received."""
-    monkeypatch.setattr(gpu, "kernel_device", lambda t: True)
-    monkeypatch.setattr("openglm.model.model.DecodePlan.create", lambda *a, **k: None)  # the C decode step
+    """Without CUDA, the dispatch points take CPU tensors to the kernels (in Triton's interpreter), as they take
+    CUDA ones; returns the number of calls each dispatch function received."""
+    if DEVICE == "cpu":
+        monkeypatch.setattr(gpu, "kernel_device", lambda t: True)
+        monkeypatch.setattr("openglm.model.model.DecodePlan.create", lambda *a, **k: None)  # the C decode step
     calls = {}
     for name in ("experts_forward", "dsa_attention", "gather_attention"):
         def counted(*args, _fn=getattr(gpu, name), _name=name, **kwargs):
@@ -141,7 +151,7 @@ def test_model_with_the_kernels_matches_the_pytorch_model(kernels_on_cpu):
     """The tiny model (MoE layers, DSA with an own and a shared indexer) with every dispatch point taking the
     kernels: prefill of 12 tokens (past index_topk = 8, so DSA selects) and two decode steps."""
     model = tiny_model()
-    ids = torch.randint(3, 380, (2, 12), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, 380, (2, 12), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     got = generate_logits(model, ids)
     # 3 forwards: 2 MoE layers, 2 layers with an own indexer, 1 sharing its selection, each time
     assert kernels_on_cpu == {"experts_forward": 6, "dsa_attention": 6, "gather_attention": 3}
@@ -168,7 +178,7 @@ def test_the_cpu_path_never_imports_triton():
 def cuda_model(dtype):
     if not torch.cuda.is_available():
         raise RuntimeError("this test needs a CUDA device (pytest -m gpu selected it)")
-    return tiny_model(dtype).cuda()
+    return tiny_model(dtype)
 
 
 @pytest.mark.gpu
@@ -181,7 +191,7 @@ def test_cuda_model_with_kernels_matches_the_pytorch_ops(dtype, tol):
         ref = generate_logits(model, ids, steps=3)
     for a, b in zip(got, ref):
         assert float((a.float() - b.float()).abs().max() / b.float().abs().max()) < tol
-    cpu = generate_logits(tiny_model(torch.float32), ids.cpu(), steps=3)
+    cpu = generate_logits(tiny_model(torch.float32).cpu(), ids.cpu(), steps=3)
     assert float((got[0].float().cpu() - cpu[0]).abs().max() / cpu[0].abs().max()) < tol
 
 
