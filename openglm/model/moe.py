@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from openglm.model import gpu
 from openglm.model.config import ModelConfig
 from openglm.model.native import decode_kernels, kernel_weight, ptr, scale_ptr
 from openglm.model.router import Router, balance_losses
@@ -89,6 +90,10 @@ class Experts(nn.Module):
 
     def forward(self, x, indices, weights, capacity: int | None = None):
         """x [N,H]; indices/weights [N,k]. Returns (out [N,H], number of dropped assignments)."""
+        if capacity is None and gpu.wanted(x):  # CUDA: Triton experts (model/gpu.py); None: they do not apply
+            out = gpu.experts_forward(self, x, indices, weights)
+            if out is not None:
+                return out, 0
         N, k = indices.shape
         E = self.gate_up_proj.shape[0]
         if capacity is None and N * k <= SMALL_BATCH:
@@ -172,6 +177,7 @@ class Experts(nn.Module):
         E, H, inter = self.down_proj.shape
         size = torch.finfo(dtype).bits // 8
         return (hasattr(torch, "_grouped_mm") and dtype in (torch.float32, torch.bfloat16)
+                and self.down_proj.device.type == "cpu"  # measured on the CPU; CUDA's takes bf16 on sm90+ only
                 and (H * size) % 16 == 0 and (inter * size) % 16 == 0)
 
     def _grouped_mm(self, xs: torch.Tensor, counts: list[int]) -> torch.Tensor:
