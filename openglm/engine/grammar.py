@@ -10,6 +10,8 @@ complete the mask allows only the stop tokens, so the sequence ends at a stop to
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import torch
 
@@ -20,8 +22,25 @@ from openglm.engine.sequence import Sequence
 _BYTE_BIAS = torch.tensor([[0.0 if (b >> k) & 1 else float("-inf") for k in range(8)] for b in range(256)])
 
 
+MAX_ERROR_CHARS = 400
+
+
 class GrammarError(ValueError):
     """A grammar that llguidance cannot compile (the request's fault: a 400 in the server)."""
+
+
+def one_line(message: str) -> str:
+    """llguidance's error as one line: its reason, without the grammar excerpt (numbered source lines and
+    carets) or a backtrace that follow it."""
+    kept = []
+    for line in message.splitlines():
+        text = line.strip()
+        if re.match(r"\d+ \|", text) or text.lower().startswith(("stack backtrace", "backtrace")):
+            break
+        if text and set(text) != {"^"}:
+            kept.append(text)
+    out = re.sub(r"^at \d+\(\d+\): ", "", " ".join(kept)) or "unknown error"
+    return out if len(out) <= MAX_ERROR_CHARS else out[: MAX_ERROR_CHARS - 3] + "..."
 
 
 class GrammarEngine:
@@ -38,14 +57,19 @@ class GrammarEngine:
 
     def check(self, grammar: str) -> None:
         """Raise GrammarError naming the problem when `grammar` does not compile."""
-        is_error, messages = self._llg.LLMatcher.validate_grammar_with_warnings(grammar, self.lltok)
+        try:
+            is_error, messages = self._llg.LLMatcher.validate_grammar_with_warnings(grammar, self.lltok)
+        except BaseException as exc:  # noqa: BLE001 - a Rust panic surfaces as a BaseException
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise GrammarError(f"the output constraint does not compile: {one_line(str(exc))}") from None
         if is_error:
-            raise GrammarError(f"the output constraint does not compile: {messages[0] if messages else '?'}")
+            raise GrammarError(f"the output constraint does not compile: {one_line(messages[0] if messages else '')}")
 
     def matcher(self, grammar: str):
         m = self._llg.LLMatcher(self.lltok, grammar, log_level=0)
         if m.is_error():
-            raise GrammarError(f"the output constraint does not compile: {m.get_error()}")
+            raise GrammarError(f"the output constraint does not compile: {one_line(m.get_error())}")
         return m
 
     def apply_masks(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:

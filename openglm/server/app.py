@@ -26,14 +26,15 @@ from openglm.server.serving import OpenAIServing
 from openglm.server.status_page import register as register_status_page
 
 def create_app(engine, model_name: str, api_key: str | None = None, max_queue: int | None = None,
-               public_metrics: bool = False, limits: ServerLimits | None = None) -> FastAPI:
+               public_metrics: bool = False, limits: ServerLimits | None = None,
+               json_whitespace: str = "compact") -> FastAPI:
     if api_key is not None and not api_key.strip():
         raise ValueError("the API key is empty: pass a non-empty key, or none to serve without one")
     metrics = ServerMetrics()
     async_engine = AsyncEngine(engine, max_queue or engine.config.max_queue, metrics)
     vocab = getattr(engine.model_config, "vocab_size", None) or engine.tokenizer.vocab_size
     serving = OpenAIServing(async_engine, engine.tokenizer, model_name, engine.max_model_len, vocab,
-                            grammar_engine=engine.grammar)
+                            grammar_engine=engine.grammar, json_whitespace=json_whitespace)
     metrics.observe_engine(engine)
 
     @contextlib.asynccontextmanager

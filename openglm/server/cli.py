@@ -100,6 +100,9 @@ def register(subparsers):
     p.add_argument("--num-speculative-tokens", type=int, default=0, metavar="K",
                    help="self-speculative decoding: draft tokens the checkpoint's MTP (next-n) layer proposes per "
                         "decode step, verified in one forward (0: off; greedy output is unchanged)"+D)
+    p.add_argument("--json-whitespace", choices=["compact", "flexible"], default="compact",
+                   help="whitespace between the JSON tokens of constrained output (response_format, tool-call "
+                        "arguments): none, or any run of it; a request's structured_outputs overrides it"+D)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     p.add_argument("--log-level", default="info", help="uvicorn log level: debug, info, warning, error"+D)
     p.set_defaults(func=serve)
@@ -149,7 +152,8 @@ def serve(args) -> int:
         print(f"openglm serve: cannot load {args.checkpoint}: {exc}", file=sys.stderr)
         return 2
     name = args.served_model_name or Path(args.checkpoint).resolve().name
-    app = create_app(engine, name, api_key=api_key, public_metrics=args.public_metrics, limits=limits)
+    app = create_app(engine, name, api_key=api_key, public_metrics=args.public_metrics, limits=limits,
+                     json_whitespace=args.json_whitespace)
     print(f"openglm serve: {name} on http://{args.host}:{args.port} "
           f"({config.num_kv_blocks} KV blocks x {config.block_size} tokens, max_model_len {engine.max_model_len})",
           flush=True)

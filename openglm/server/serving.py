@@ -18,7 +18,7 @@ from openglm.server.async_engine import AsyncEngine
 from openglm.server.errors import APIError
 from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
 from openglm.server import render
-from openglm.server.structured import request_grammar
+from openglm.server.structured import json_layout, request_grammar
 from openglm.tokenizer import TokenizerError
 
 
@@ -27,8 +27,9 @@ TOKENIZE_THREADS = 2  # rendering and tokenising run here, never on the event lo
 
 class OpenAIServing:
     def __init__(self, engine: AsyncEngine, tokenizer, model_name: str, max_model_len: int, vocab_size: int,
-                 grammar_engine=None):
+                 grammar_engine=None, json_whitespace: str = "compact"):
         self.engine, self.tokenizer, self.grammar_engine = engine, tokenizer, grammar_engine
+        self.json_whitespace = json_whitespace  # JSON layout of constrained output unless a request says
         self.model_name, self.max_model_len, self.vocab_size = model_name, max_model_len, vocab_size
         self.pool = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="openglm-tokenize")
 
@@ -136,7 +137,7 @@ class OpenAIServing:
         return JSONResponse(render.chat_body(meta, finals[0], thinking, tools))
 
     def grammar(self, req: ChatCompletionRequest, thinking: bool) -> str | None:
-        grammar = request_grammar(req, self.tokenizer, thinking)
+        grammar = request_grammar(req, self.tokenizer, thinking, json_layout(req, self.json_whitespace))
         if grammar is not None:
             try:
                 self.grammar_engine.check(grammar)
