@@ -224,3 +224,25 @@ def test_random_model_tool_call_ends_valid_and_typed(engine):
         args = json.loads(call.arguments)
         jsonschema.validate(args, RICH)
         assert isinstance(args["city"], dict) and isinstance(args["days"], int)
+
+
+# ---- through HTTP: a raw body, as a client sends it -----------------------------------------------
+def test_http_400_names_the_keyword(start_server):
+    import httpx
+
+    url, _ = start_server(max_model_len=512, num_kv_blocks=64)
+    bodies = {  # 1e400 is valid JSON that Python reads as infinity
+        '"maxLength": 1e400': "tools[0].function.parameters.properties.x.maxLength",
+        '"minLength": "abc"': "tools[0].function.parameters.properties.x.minLength",
+    }
+    for keyword, param in bodies.items():
+        body = ('{"model": "tiny-test", "messages": [{"role": "user", "content": "hi"}], "tool_choice": "auto", '
+                '"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", '
+                '"properties": {"x": {"type": "string", ' + keyword + '}}}}}]}')
+        r = httpx.post(f"{url}/v1/chat/completions", content=body, headers={"content-type": "application/json"},
+                       timeout=60)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param and "\n" not in r.json()["error"]["message"]
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+        "model": "tiny-test", "messages": ASK, "structured_outputs": {"regex": "a+"}})
+    assert r.status_code == 400 and "structured_outputs" in r.json()["error"]["param"]
