@@ -144,7 +144,6 @@ def main() -> None:
         rows = [("unconstrained (anchor)", run(engine, prompts, SamplingParams(**base, ignore_eos=True)))]
         for name, grammar in grammars(tok):
             rows.append((name, run(engine, prompts, SamplingParams(**base, grammar=grammar))))
-    free = rows[0][1]
     if args.json:
         print(json.dumps({"cpu": cpu_model(), "batch": args.batch, "preset": args.preset, "vocab": vocab,
                           "runs": {name: r for name, r in rows}}, indent=2))
