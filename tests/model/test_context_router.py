@@ -102,26 +102,30 @@ def test_left_padding_leaves_no_trace():
     torch.testing.assert_close(torch.cat([first, rest], 1)[:, 5:], alone, atol=1e-5, rtol=0)
 
 
-def test_windowed_summary_equals_the_recurrence():
-    """The parallel form against the definition, computed one token at a time with an explicit window."""
+def test_windowed_summary_equals_its_definition():
+    """The batched Toeplitz form against the recurrence c_t = r c_(t-1) + (1 - r) u_t (a window longer than the
+    sequence) and against the windowed sum written out; a step with tokens past reads the same."""
     g = torch.Generator().manual_seed(5)
-    heads, d, T, window = 2, 6, 23, 7
-    log_r = torch.nn.functional.logsigmoid(torch.randn(1, T, heads, generator=g) * 2)
+    heads, d, T = 2, 6, 23
+    rho = torch.randn(heads, generator=g)
     u = torch.randn(1, T, d, generator=g)
-    got = windowed_summary(torch.cat([log_r, u], -1), 0, window, heads)
-    r = log_r.exp().repeat_interleave(d // heads, -1)[0]
+    r = rho.sigmoid().repeat_interleave(d // heads)
+    state, recurrent = torch.zeros(d), []
     for t in range(T):
-        want = torch.zeros(d)
-        for s in range(max(0, t - window + 1), t + 1):
-            want += r[s + 1:t + 1].prod(0) * u[0, s]
-        torch.testing.assert_close(got[0, t], want, atol=1e-5, rtol=1e-5)
-    tail = windowed_summary(torch.cat([log_r, u], -1), 15, window, heads)  # 15 tokens past, 8 new
-    torch.testing.assert_close(tail, got[:, 15:], atol=1e-5, rtol=0)
+        state = r * state + (1 - r) * u[0, t]
+        recurrent.append(state)
+    torch.testing.assert_close(windowed_summary(u, 0, 64, rho)[0], torch.stack(recurrent), atol=1e-6, rtol=1e-5)
+    window = 7
+    got = windowed_summary(u, 0, window, rho)
+    for t in range(T):
+        want = sum((1 - r) * r ** (t - s) * u[0, s] for s in range(max(0, t - window + 1), t + 1))
+        torch.testing.assert_close(got[0, t], want, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(windowed_summary(u, 15, window, rho), got[:, 15:], atol=1e-6, rtol=0)
 
 
 def test_untrained_context_router_is_the_standard_router():
     """Same seed: the context model draws every shared weight as the standard one, and with U = 0 its logits are
-    the standard model's; only the three documented tensors per MoE layer are added."""
+    the standard model's; only the four documented tensors per MoE layer are added."""
     torch.manual_seed(11)
     standard = GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny")).eval()
     torch.manual_seed(11)
@@ -130,7 +134,7 @@ def test_untrained_context_router_is_the_standard_router():
     assert all(torch.equal(a[k], b[k]) for k in a)
     extra = sorted(set(b) - set(a))
     assert extra == [f"model.layers.{i}.mlp.gate.{n}" for i in (1, 2)
-                     for n in ("context_proj.bias", "context_proj.weight", "context_weight")]
+                     for n in ("context_decay", "context_proj.bias", "context_proj.weight", "context_weight")]
     ids = torch.randint(3, 384, (2, 12), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         torch.testing.assert_close(gated(ids).logits, standard(ids).logits, atol=1e-6, rtol=0)
