@@ -37,7 +37,8 @@ def routers(model) -> list[ContextRouter]:
 def chosen_experts(model, ids, **kw) -> list[torch.Tensor]:
     """Each MoE layer's top-k expert indices per token, sorted."""
     got = []
-    hooks = [r.register_forward_hook(lambda _m, _i, out: got.append(out.indices.sort(-1).values)) for r in routers(model)]
+    hooks = [r.register_forward_hook(lambda _m, _i, out: got.append(out.indices.sort(-1).values))
+             for r in routers(model)]
     try:
         with torch.no_grad():
             model(ids, **kw)
