@@ -96,7 +96,7 @@ class ModelConfig:
     capacity_factor: float | None = None  # None: dropless; else per-expert capacity with token dropping
     router_context: str = "none"  # "gated": the router also reads a causal summary of the tokens before (off: GLM)
     router_context_dim: int = 32  # channels of that summary
-    router_context_window: int = 128  # tokens the summary reaches back (the current one included)
+    router_context_window: int = 32  # tokens the summary reaches back (the current one included)
 
     def __post_init__(self):
         check_field_types(self)

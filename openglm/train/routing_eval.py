@@ -98,6 +98,23 @@ def capture_routing(model, ids: np.ndarray, batch_size: int = 16, bf16: bool = F
     return torch.stack(layers, dim=2).numpy()
 
 
+@torch.no_grad()
+def context_decided(model, ids: np.ndarray, routes: np.ndarray, batch_size: int = 16, bf16: bool = False) -> float:
+    """The share of (token, MoE layer) top-k sets in `routes` (captured from `model` over ids) that change when every
+    context-aware router's context term is switched off (U = 0): how much of the routing the context decides."""
+    from openglm.model.context_router import ContextRouter  # only context-aware models are asked
+
+    saved = [(m, m.context_weight.detach().clone()) for m in model.modules() if isinstance(m, ContextRouter)]
+    try:
+        for m, _ in saved:
+            m.context_weight.zero_()
+        without = capture_routing(model, ids, batch_size, bf16)
+    finally:
+        for m, w in saved:
+            m.context_weight.copy_(w)
+    return float(np.mean((np.sort(routes, -1) != np.sort(without, -1)).any(-1)))
+
+
 def routing_features(fit_routes: np.ndarray, test_routes: np.ndarray, n_experts: int, features: str = "sets",
                      layers=None):
     """Sparse one-hot features (fit [n, d], test [m, d]) of routes [n, moe_layers, k] (see the module docstring): per

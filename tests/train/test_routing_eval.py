@@ -9,8 +9,8 @@ from torch import nn
 
 from openglm.model.router import Routing
 from openglm.train.code_context import CONTEXT, LEXICAL
-from openglm.train.routing_eval import (LabelledWindows, balance, capture_routing, category_load, evaluate_routing,
-                                        labelled_windows, lookup_accuracy, nmi, routing_features)
+from openglm.train.routing_eval import (LabelledWindows, balance, capture_routing, category_load, context_decided,
+                                        evaluate_routing, labelled_windows, lookup_accuracy, nmi, routing_features)
 
 
 def test_lookup_accuracy_by_hand():
@@ -123,3 +123,21 @@ def test_labelled_windows_line_up_with_their_tokens(corpus_dir, tokenizer_dir):
         if not visible:
             assert CONTEXT[c] == "layout" and LEXICAL[lex] == "layout"
     assert {CONTEXT[c] for c in context} >= {"signature", "docstring", "control", "code", "call_args"}
+
+
+def test_context_decided_counts_the_routes_the_context_term_changes():
+    from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
+    from openglm.model.context_router import ContextRouter
+
+    torch.manual_seed(0)
+    model = GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny", router_context="gated", index_n_heads=16))
+    ids = np.random.default_rng(0).integers(3, 384, (4, 24))
+    assert context_decided(model, ids, capture_routing(model, ids)) == 0.0  # untrained: U = 0
+    routers = [m for m in model.modules() if isinstance(m, ContextRouter)]
+    with torch.no_grad():
+        for m in routers:
+            m.context_weight.normal_(0.0, 2.0)
+    kept = [m.context_weight.clone() for m in routers]
+    share = context_decided(model, ids, capture_routing(model, ids))
+    assert 0.05 < share < 1.0
+    assert all(torch.equal(m.context_weight, w) for m, w in zip(routers, kept))  # restored
