@@ -32,7 +32,7 @@ ATTENTION_KINDS = ("dsa", "dense", "local_global_random", "sliding_window")
 ACTIVATIONS = ("silu", "gelu", "relu")
 ROUTERS = ("sigmoid", "softmax")
 ROUTER_CONTEXTS = ("none", "gated")  # "gated": the gate also reads a causal summary of the context (context_router.py)
-ROUTER_CONTEXT_HEADS = 4  # the summary's channels share one retention gate per group of dim / 4
+ROUTER_CONTEXT_HEADS = 4  # the summary's channels share one decay and one write gate per group of dim / 4
 
 # openglm-only options: written to config.json under "openglm", never as top-level HF keys.
 OPENGLM_OPTIONS = (
