@@ -67,7 +67,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.self_attn = (GQAttention if cfg.model_type == "glm4_moe" else MLAttention)(cfg, layer_idx)
-        self.mlp = MoE(cfg) if cfg.mlp_layer_types[layer_idx] == "sparse" else MLP(cfg)
+        self.mlp = MoE(cfg, layer_idx) if cfg.mlp_layer_types[layer_idx] == "sparse" else MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -77,7 +77,7 @@ class DecoderLayer(nn.Module):
         x = self.post_attention_layernorm(h)
         stats = None
         if isinstance(self.mlp, MoE):
-            m, stats = self.mlp(x, token_mask, with_stats)
+            m, stats = self.mlp(x, token_mask, with_stats, cache)
         else:
             m = self.mlp(x)
         return h + m, selection, stats

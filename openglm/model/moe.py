@@ -19,6 +19,7 @@ from torch import nn
 
 from openglm.model import gpu
 from openglm.model.config import ModelConfig
+from openglm.model.context_router import ContextRouter
 from openglm.model.native import decode_kernels, kernel_weight, ptr, scale_ptr
 from openglm.model.router import Router, balance_losses
 from openglm.model.weights import fused_rows
@@ -216,12 +217,12 @@ class LayerStats:
 
 
 class MoE(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
         super().__init__()
         self.n_experts, self.top_k = cfg.n_routed_experts, cfg.num_experts_per_tok
         self.capacity_factor = cfg.capacity_factor
         self.experts = Experts(cfg)
-        self.gate = Router(cfg)
+        self.gate = Router(cfg) if cfg.router_context == "none" else ContextRouter(cfg, layer_idx)
         self.shared_experts = (MLP(cfg, cfg.moe_intermediate_size * cfg.n_shared_experts)
                                if cfg.n_shared_experts > 0 else None)
         self.stats_reduce = None  # data-parallel training sets it: balance losses over the global batch
@@ -231,11 +232,12 @@ class MoE(nn.Module):
             return None
         return max(1, math.ceil(self.capacity_factor * n_tokens * self.top_k / self.n_experts))
 
-    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None, with_stats: bool = False):
-        """x [B,T,H]; token_mask [B*T] bool (real tokens) or None. Returns (out, LayerStats | None)."""
+    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None, with_stats: bool = False, cache=None):
+        """x [B,T,H]; token_mask [B*T] bool (real tokens) or None; cache: the KV cache (a context-aware router
+        keeps its per-token state there). Returns (out, LayerStats | None)."""
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        r = self.gate(flat, with_probs=with_stats)
+        r = self.gate(flat, with_probs=with_stats, extra_logits=self.gate.context(x, token_mask, cache))
         out, dropped = self.experts(flat, r.indices, r.weights, self.capacity(flat.shape[0]))
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat)
