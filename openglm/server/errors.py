@@ -41,6 +41,8 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     msg = first.get("msg", "invalid request")
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
+    if first.get("type") == "extra_forbidden":
+        return f"{param}: unknown field (docs/serving.md lists the fields openglm accepts)", param
     return (f"{param}: {msg}" if param else msg), param
 
 

@@ -1,10 +1,12 @@
-"""OpenAI request bodies (pydantic). Unknown fields are accepted and ignored, as OpenAI clients send
-extras; known fields are type-checked strictly and range-checked, and every violation becomes a 400."""
+"""OpenAI request bodies (pydantic). Every field is known: a field openglm implements is type-checked strictly
+and range-checked; a field of vLLM's or OpenAI's API that openglm does not implement is a 400 naming it when
+it is set; a few bookkeeping fields (`store`, `metadata`, ...) are accepted with no effect; any other field,
+at any depth, is a 400 naming it. Every violation becomes a 400."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError,
                       field_validator, model_validator)
@@ -18,7 +20,9 @@ MAX_ID_CHARS = 256  # model / user strings
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # accepted, no effect (vLLM's; usage comes at the end)
 
 
 def lone_surrogate_path(value, path: str = "") -> str | None:
@@ -38,11 +42,28 @@ def lone_surrogate_path(value, path: str = "") -> str | None:
     return None
 
 
+def _field_error(model: str, field: str, kind: str, message: str) -> ValidationError:
+    """A ValidationError whose loc is `field` (a dotted path), so that the 400's param names it."""
+    loc = tuple(int(k) if k.isdigit() else k for k in field.split("."))
+    return ValidationError.from_exception_data(model, [{"type": PydanticCustomError(kind, message), "loc": loc,
+                                                        "input": "?"}])
+
+
+# Fields accepted on both endpoints with no effect on the answer (bookkeeping some clients send).
+IGNORED_FIELDS = ("store", "metadata", "service_tier", "request_id")
+
+
+def unset(value) -> bool:
+    """Whether a field's value leaves an unimplemented feature off (null, false, empty)."""
+    return value in (None, False, [], {}, "")
+
+
 class _Sampling(BaseModel):
     """The sampling fields shared by both endpoints; bounds come from the engine's SamplingParams
     limits, so every accepted value samples cleanly."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ()  # this endpoint's fields of vLLM/OpenAI that openglm does not implement
 
     model: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     max_tokens: StrictInt | None = None
@@ -72,10 +93,14 @@ class _Sampling(BaseModel):
     def _encodable_strings(cls, data):
         bad = lone_surrogate_path(data)
         if bad is not None:  # a ValidationError (not ValueError) so that the error's loc names the field
-            error = PydanticCustomError("lone_surrogate", "the string holds a lone UTF-16 surrogate (not valid "
-                                                          "Unicode text)")
-            raise ValidationError.from_exception_data(cls.__name__, [
-                {"type": error, "loc": tuple(int(k) if k.isdigit() else k for k in bad.split(".")), "input": "?"}])
+            raise _field_error(cls.__name__, bad, "lone_surrogate", "the string holds a lone UTF-16 surrogate (not "
+                                                                    "valid Unicode text)")
+        if isinstance(data, dict):
+            for name in cls.UNSUPPORTED:
+                if not unset(data.get(name)):
+                    raise _field_error(cls.__name__, name, "unsupported_field",
+                                       "openglm does not support this field (docs/serving.md lists the fields)")
+            data = {k: v for k, v in data.items() if k not in IGNORED_FIELDS and k not in cls.UNSUPPORTED}
         return data
 
     @field_validator("temperature")
@@ -88,9 +113,9 @@ class _Sampling(BaseModel):
 
     @field_validator("max_tokens")
     @classmethod
-    def _positive(cls, v):
+    def _positive(cls, v, info):
         if v is not None and v <= 0:
-            raise ValueError("max_tokens must be at least 1")
+            raise ValueError(f"{info.field_name} must be at least 1")
         return v
 
     @field_validator("stop")
@@ -103,7 +128,20 @@ class _Sampling(BaseModel):
         return stops
 
 
+# Fields of vLLM's completions request that this server does not implement: sent with a value, they are a
+# 400 naming the field (docs/serving.md lists every field and what openglm does with it).
+UNSUPPORTED_COMPLETION_FIELDS = (
+    "best_of", "use_beam_search", "length_penalty", "logit_bias", "suffix", "prompt_logprobs",
+    "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "skip_special_tokens", "spaces_between_special_tokens",
+    "add_special_tokens", "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+    "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern", "logits_processors",
+    "return_tokens_as_token_ids", "return_token_ids", "priority", "cache_salt", "kv_transfer_params", "vllm_xargs",
+    "prompt_embeds",
+)
+
+
 class CompletionRequest(_Sampling):
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = UNSUPPORTED_COMPLETION_FIELDS
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     logprobs: StrictInt | None = Field(default=None, ge=0, le=limits.MAX_LOGPROBS)
     echo: StrictBool = False
@@ -247,12 +285,8 @@ UNSUPPORTED_CHAT_FIELDS = (
 )
 
 
-def unsupported_chat_fields(body: dict) -> list[str]:
-    """The unimplemented fields that `body` sets to something other than null/false/empty."""
-    return [k for k in UNSUPPORTED_CHAT_FIELDS if body.get(k) not in (None, False, [], {}, "")]
-
-
 class ChatCompletionRequest(_Sampling):
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = UNSUPPORTED_CHAT_FIELDS
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
@@ -265,14 +299,10 @@ class ChatCompletionRequest(_Sampling):
     structured_outputs: StructuredOutputs | None = None
     chat_template_kwargs: ChatTemplateKwargs = Field(default_factory=ChatTemplateKwargs)
 
-    @model_validator(mode="before")
+    @field_validator("max_completion_tokens")
     @classmethod
-    def _honoured_fields_only(cls, body):
-        if isinstance(body, dict):
-            bad = unsupported_chat_fields(body)
-            if bad:
-                raise ValueError(f"openglm does not support the field(s) {', '.join(bad)}")
-        return body
+    def _positive_completion_tokens(cls, v, info):
+        return cls._positive(v, info)
 
     @model_validator(mode="after")
     def _consistent(self):
