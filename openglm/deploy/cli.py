@@ -52,10 +52,19 @@ D = " (default %(default)s)"
 LIMIT_FLAGS = [
     ("--max-queue", "max_queue", int, "requests in flight before answering 503 + Retry-After"),
     ("--max-body-bytes", "max_body_bytes", int, "largest request body in bytes; larger ones get 413"),
-    ("--body-timeout", "body_timeout_s", float, "seconds a request body may pause between chunks before 408"),
+    ("--body-timeout", "body_timeout_s", float, "seconds a whole request body may take (plus 1 s per --min-body-rate "
+                                                "bytes received) before 408"),
+    ("--min-body-rate", "min_body_rate", int, "bytes per second a request body is granted beyond --body-timeout"),
     ("--header-timeout", "header_timeout_s", float, "seconds a connection has to send its request head"),
     ("--keep-alive-timeout", "keep_alive_s", int, "seconds an idle keep-alive connection stays open"),
-    ("--limit-concurrency", "limit_concurrency", int, "connections + tasks beyond which uvicorn answers 503"),
+    ("--limit-concurrency", "limit_concurrency", int, "requests being answered (body received) beyond which new ones "
+                                                      "get 503"),
+    ("--max-connections", "max_connections", int, "open connections; beyond it the one waiting longest without a "
+                                                  "complete request is closed"),
+    ("--prepare-workers", "prepare_workers", int, "worker processes that render chat templates, tokenise prompts "
+                                                  "and check output grammars"),
+    ("--template-timeout", "template_timeout_s", float, "seconds one request's chat template may render for (400)"),
+    ("--grammar-timeout", "grammar_timeout_s", float, "seconds one request's output grammar may compile for (400)"),
 ]
 DEPLOY = {f.name: f.default for f in fields(DeployConfig)}  # the defaults of a deployment: one set for both
 
