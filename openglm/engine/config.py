@@ -12,6 +12,9 @@ class EngineConfig:
     num_kv_blocks: int = 512  # size of the paged KV pool, in blocks
     max_num_seqs: int = 32  # sequences running in one step
     max_num_batched_tokens: int = 2048  # tokens (prefill + decode) computed in one step
+    # a request's fair share: while other requests wait, its sequences beyond this many wait behind theirs
+    # (and are preempted if they hold the room the others need); alone, a request may use every slot
+    max_seqs_per_request: int = 8
     max_model_len: int | None = None  # prompt + output; defaults to the model's max_position_embeddings
     enable_prefix_caching: bool = True  # content-hashed full blocks shared across requests (session cache)
     session_ttl: float = 600.0  # seconds an idle cached block may stay reusable; <= 0 disables expiry
@@ -22,7 +25,7 @@ class EngineConfig:
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N": where the weights, the paged KV pool and the steps run
 
     def __post_init__(self):
-        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_seqs_per_request"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")

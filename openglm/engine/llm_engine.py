@@ -97,7 +97,7 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         bm, sched = self.block_manager, self.scheduler
-        return EngineStats(running=len(sched.running), waiting=len(sched.waiting), kv_blocks_used=bm.num_used_blocks,
+        return EngineStats(running=len(sched.running), waiting=sched.num_waiting, kv_blocks_used=bm.num_used_blocks,
                            kv_blocks_total=bm.num_blocks, kv_blocks_cached=bm.num_cached_blocks,
                            prefix_hit_blocks=bm.stats["prefix_hits"], prefix_query_blocks=bm.stats["prefix_queries"],
                            preemptions=sched.num_preemptions, **self.counters)
@@ -121,13 +121,15 @@ class LLMEngine:
         return ids
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
+                    request_id: str | None = None, group: str | None = None) -> str:
+        """Queue a request; `group` names the client request it belongs to (the scheduler shares the batch fairly
+        between groups; default: the request itself)."""
         params = params or SamplingParams()
         ids = self.check_prompt(prompt)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        seqs = [Sequence(ids, params, request_id, index=i) for i in range(params.n)]
+        seqs = [Sequence(ids, params, request_id, index=i, group=group) for i in range(params.n)]
         if params.grammar is not None:
             for seq in seqs:
                 seq.matcher = self.grammar.matcher(params.grammar)
@@ -214,7 +216,8 @@ class LLMEngine:
                 + [self._output(request_id) for request_id in advanced if request_id in self.requests])
 
     def _output(self, request_id: str, error: str | None = None) -> RequestOutput:
-        out = request_output(request_id, self.requests[request_id], error)
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        out = request_output(request_id, self.requests[request_id], error, decode)
         if out.finished:
             del self.requests[request_id]
         return out
