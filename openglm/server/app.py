@@ -32,14 +32,16 @@ def create_app(engine, model_name: str, api_key: str | None = None, public_metri
     limits = limits or ServerLimits()
     metrics = ServerMetrics()
     async_engine = AsyncEngine(engine, limits.max_queue, metrics)
-    serving = OpenAIServing(async_engine, model_name, json_whitespace)
+    serving = OpenAIServing(async_engine, model_name, json_whitespace, limits)
     metrics.observe_engine(engine)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        serving.prepare.start()  # the worker processes that render, tokenise and compile grammars
         async_engine.start()
         yield
         async_engine.shutdown()
+        serving.prepare.close()
 
     app = FastAPI(title="openglm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limits=limits)

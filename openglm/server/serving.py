@@ -1,4 +1,8 @@
-"""The OpenAI endpoints' logic: request -> SamplingParams -> engine -> JSON body or SSE stream."""
+"""The OpenAI endpoints' logic: request -> SamplingParams -> engine -> JSON body or SSE stream.
+
+A request is prepared off the event loop and off the engine thread: chat templates are rendered, string prompts
+tokenised and new output grammars compiled in the prepare workers (`server/prepare.py`: processes, with budgets);
+the rest (schema checks, a grammar compiled within its budget, token-id checks) in a small thread pool."""
 
 from __future__ import annotations
 
@@ -17,30 +21,34 @@ from openglm.engine.llm_engine import PromptError
 from openglm.engine.sampling_params import SamplingParams, SamplingParamsError
 from openglm.server.async_engine import AsyncEngine
 from openglm.server.errors import APIError
+from openglm.server.limits import ServerLimits
+from openglm.server.prepare import PrepareError, PrepareWorkers
 from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
 from openglm.server import render
 from openglm.server.structured import json_layout, request_grammar
-from openglm.tokenizer import TokenizerError
 
 
-TOKENIZE_THREADS = 2  # rendering and tokenising run here, never on the event loop
+TOKENIZE_THREADS = 2  # request checks too slow for the event loop run here (schemas, grammar compiles, token ids)
 
 
 class OpenAIServing:
     """The endpoints over an `AsyncEngine`. Of the engine itself they use only what never changes while it runs:
     its tokenizer, `check_prompt`, `max_model_len` and the grammar compiler (built here, once)."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str, json_whitespace: str = "compact"):
+    def __init__(self, engine: AsyncEngine, model_name: str, json_whitespace: str = "compact",
+                 limits: ServerLimits | None = None):
         self.engine, self.model_name = engine, model_name
         self.llm = engine.engine
         self.tokenizer, self.max_model_len = self.llm.tokenizer, self.llm.max_model_len
         self.grammar_engine = self.llm.grammar
         self.json_whitespace = json_whitespace  # JSON layout of constrained output unless a request says
         self.pool = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="openglm-tokenize")
+        # started and stopped with the app (create_app's lifespan)
+        self.prepare = PrepareWorkers(self.tokenizer, self.llm.vocab_size, self.max_model_len, limits or ServerLimits())
 
     async def off_loop(self, fn, *args):
-        """Run CPU-heavy request preparation (a template, a long prompt) in the tokenizer threads so
-        that the event loop (other clients, /health) keeps answering meanwhile."""
+        """Run request checks too slow for the event loop (a large schema, a grammar's compile, a long list of
+        token ids) in a thread, so that the event loop (other clients, /health) keeps answering meanwhile."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     def check_model(self, name: str | None) -> None:
@@ -57,19 +65,27 @@ class OpenAIServing:
         except PromptError as exc:
             raise APIError(400, str(exc), param="prompt", code=exc.code) from exc
 
-    def check_prompts(self, prompts: list[str | list[int]]) -> list[list[int]]:
-        return [self.check_prompt(p) for p in prompts]
-
-    def render_and_encode(self, req: ChatCompletionRequest) -> list[int]:
-        """The prompt's token ids; conversation text is never read as control tokens."""
+    async def prompt_ids(self, prompts: list[str | list[int]], is_disconnected=None) -> list[list[int]]:
+        """Each prompt's token ids, checked: a string is tokenised in a prepare worker (refused there, before it is
+        tokenised whole, when it cannot fit)."""
         try:
-            ids = self.tokenizer.apply_chat_template(
-                req.template_messages(), tools=req.template_tools(), add_generation_prompt=req.add_generation_prompt,
-                tokenize=True, enable_thinking=req.chat_template_kwargs.enable_thinking,
-                clear_thinking=req.chat_template_kwargs.clear_thinking)
-        except TokenizerError as exc:  # template errors (unknown role, bad structure) are the caller's
-            raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
-        return self.check_prompt(ids)
+            ids = [p if not isinstance(p, str) else await self.prepare.text(p, is_disconnected) for p in prompts]
+        except PrepareError as exc:
+            raise APIError(499 if exc.cancelled else 400, str(exc), param="prompt", code=exc.code) from exc
+        return await self.off_loop(lambda: [self.check_prompt(p) for p in ids])
+
+    async def render_and_encode(self, req: ChatCompletionRequest, is_disconnected=None) -> list[int]:
+        """The prompt's token ids, rendered and tokenised in a prepare worker within the template's budget;
+        conversation text is never read as control tokens."""
+        kwargs = {"enable_thinking": req.chat_template_kwargs.enable_thinking,
+                  "clear_thinking": req.chat_template_kwargs.clear_thinking}
+        try:
+            ids = await self.prepare.chat(req.template_messages(), req.template_tools(), req.add_generation_prompt,
+                                          kwargs, is_disconnected)
+        except PrepareError as exc:  # template errors and limits (unknown role, a loop over its time) are 400s
+            raise APIError(499 if exc.cancelled else 400, f"cannot apply the chat template: {exc}", param="messages",
+                           code=exc.code) from exc
+        return await self.off_loop(self.check_prompt, ids)
 
     def params(self, req, prompt_len: int, max_tokens: int | None, default_max: int | None,
                logprobs: int | None, extra_stop_ids=()) -> SamplingParams:
@@ -95,7 +111,7 @@ class OpenAIServing:
     async def completions(self, req: CompletionRequest, request: Request):
         self.check_model(req.model)
         self.engine.check_fits(len(req.prompts()))
-        prompts = await self.off_loop(self.check_prompts, req.prompts())
+        prompts = await self.prompt_ids(req.prompts(), request.is_disconnected)
         params = [self.params(req, len(ids), req.max_tokens, 16, req.logprobs) for ids in prompts]
         meta = render.Meta(f"cmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name, self.tokenizer)
         echo = [self.tokenizer.decode(ids) if req.echo else "" for ids in prompts]
@@ -109,11 +125,11 @@ class OpenAIServing:
     async def chat(self, req: ChatCompletionRequest, request: Request):
         self.check_model(req.model)
         thinking = req.chat_template_kwargs.enable_thinking
-        ids = await self.off_loop(self.render_and_encode, req)
+        ids = await self.render_and_encode(req, request.is_disconnected)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         max_tokens = req.max_completion_tokens or req.max_tokens
         params = self.params(req, len(ids), max_tokens, None, logprobs, self.tokenizer.stop_ids)
-        params.grammar = self.grammar(req, thinking)
+        params.grammar = await self.grammar(req, thinking, request.is_disconnected)
         meta = render.Meta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name, self.tokenizer)
         tools = req.template_tools()
         stream = self.engine.submit([ids], [params], None if req.stream else request.is_disconnected)
@@ -123,20 +139,24 @@ class OpenAIServing:
         finals = await stream.collect()
         return JSONResponse(render.chat_body(meta, finals[0], thinking, tools))
 
-    def grammar(self, req: ChatCompletionRequest, thinking: bool) -> str | None:
-        """The grammar the answer decodes under, checked here (a 400); None when nothing constrains it. A request
-        with tools enters structured.py even when no call is forced: their schemas are checked (a 400 naming the
-        keyword) because the output parser types arguments by them."""
+    async def grammar(self, req: ChatCompletionRequest, thinking: bool, is_disconnected=None) -> str | None:
+        """The grammar the answer decodes under, checked and compiled here (a 400 in one line when it cannot be, or
+        not within the budget); None when nothing constrains it. A request with tools enters structured.py even
+        when no call is forced: their schemas are checked (a 400 naming the keyword) because the output parser
+        types arguments by them. The compiled grammar is cached: the request's `n` sequences share it."""
         if not (req.tools or req.constrained()):
             return None
-        grammar = request_grammar(req, self.tokenizer, thinking, json_layout(req, self.json_whitespace))
+        grammar = await self.off_loop(request_grammar, req, self.tokenizer, thinking,
+                                      json_layout(req, self.json_whitespace))
         if grammar is None:
             return None
         try:
-            self.grammar_engine.check(grammar)
-        except GrammarError as exc:
+            await self.prepare.grammar(grammar, is_disconnected)  # a new grammar: compiled within its budget first
+            await self.off_loop(self.grammar_engine.compile, grammar)
+        except (PrepareError, GrammarError) as exc:
             param = "response_format" if req.response_format is not None else "tools"
-            raise APIError(400, str(exc), param=param) from exc
+            cancelled = isinstance(exc, PrepareError) and exc.cancelled
+            raise APIError(499 if cancelled else 400, str(exc), param=param) from exc
         return grammar
 
 

@@ -45,9 +45,9 @@ def live(start_server):
     prompts = []
     add = engine.add_request
 
-    def recording_add(prompt, params=None, request_id=None):
+    def recording_add(prompt, params=None, request_id=None, **kw):
         prompts.append(list(prompt))
-        return add(prompt, params, request_id)
+        return add(prompt, params, request_id, **kw)
 
     engine.add_request = recording_add
     return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120), engine, prompts
