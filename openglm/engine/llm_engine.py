@@ -108,6 +108,10 @@ class LLMEngine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this engine has no tokenizer: pass token ids")
+            if len(prompt) > self.max_model_len * self.tokenizer.max_token_chars:  # refused before tokenising
+                raise PromptError(f"this model's maximum context length is {self.max_model_len} tokens; the prompt "
+                                  f"has {len(prompt)} characters, more than that many tokens",
+                                  code="context_length_exceeded")
             ids = self.tokenizer.encode(prompt)
         else:
             ids = [int(t) for t in prompt]

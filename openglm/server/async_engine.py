@@ -69,10 +69,12 @@ class AsyncEngine:
         return stream
 
     def check_fits(self, num_prompts: int) -> None:
-        """A request with more prompts than the queue holds can never be admitted: a 400, not a 503."""
-        if num_prompts > self.max_queue:
-            raise APIError(400, f"{num_prompts} prompts in one request; this server queues at most "
-                                f"{self.max_queue} requests at a time", param="prompt")
+        """One request may hold at most half the queue (so that it cannot shut every other client out while it
+        runs); more prompts than that can never be admitted: a 400, not a 503."""
+        most = max(1, self.max_queue // 2)
+        if num_prompts > most:
+            raise APIError(400, f"{num_prompts} prompts in one request; this server takes at most {most} per "
+                                f"request (half of the {self.max_queue} requests it queues)", param="prompt")
 
     def release(self, request_id: str) -> None:
         """The consumer is gone: stop the request and free its blocks (idempotent)."""

@@ -64,8 +64,9 @@ ERROR_CODES = {408: "request_timeout", 413: "request_too_large", 503: "server_bu
 
 
 async def _refuse(send, status: int, message: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
-                                 "param": None, "code": ERROR_CODES[status]}}).encode()
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = json.dumps({"error": {"message": message, "type": kind, "param": None,
+                                 "code": ERROR_CODES[status]}}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 503:
         headers.append((b"retry-after", str(RETRY_AFTER_S).encode()))
@@ -173,8 +174,12 @@ def connection_protocol(limits: ServerLimits) -> type[H11Protocol]:
             cycle = self.cycle
             return cycle is None or cycle.response_complete or cycle.more_body
 
+        def _open(self) -> list:
+            """The server's connections that are not closing (a closed one leaves the set a moment later)."""
+            return [c for c in self.connections if c.transport is not None and not c.transport_raw().is_closing()]
+
         def _make_room(self) -> None:
-            others = [c for c in self.connections if c is not self and getattr(c, "waiting", lambda: False)()]
+            others = [c for c in self._open() if c is not self and c.waiting()]
             victim = min(others, key=lambda c: c.waiting_since) if others else self
             victim.transport_raw().close()
 
@@ -209,7 +214,7 @@ def connection_protocol(limits: ServerLimits) -> type[H11Protocol]:
         def connection_made(self, transport) -> None:
             super().connection_made(_LingeringTransport(transport, self))
             self._arm()
-            if len(self.connections) > limits.max_connections:
+            if len(self.connections) > limits.max_connections and len(self._open()) > limits.max_connections:
                 self._make_room()
 
         def data_received(self, data: bytes) -> None:

@@ -107,7 +107,8 @@ class PrepareWorkers:
         self.limits = limits
         self.init = json.dumps({
             "tokenizer": tokenizer.hf.to_str(), "chat_template": tokenizer.chat_template,
-            "eos_token": tokenizer.eos_token, "config": tokenizer.config, "model_max_length": tokenizer.model_max_length,
+            "eos_token": tokenizer.eos_token, "config": tokenizer.config,
+            "model_max_length": tokenizer.model_max_length,
             "vocab_size": vocab_size, "max_model_len": max_model_len,
             "template_timeout_s": limits.template_timeout_s}).encode()
         self.idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
