@@ -124,10 +124,12 @@ class GlmMoeDsaModel(nn.Module):
 
 
 class GlmMoeDsaForCausalLM(nn.Module):
+    model_class = GlmMoeDsaModel  # the decoder stack; a model type with other layers subclasses with its own
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.model = GlmMoeDsaModel(config)
+        self.model = self.model_class(config)
         self.lm_head = LMHead(config.hidden_size, config.vocab_size, bias=False)
         # Optional copies some checkpoints store inside a next-n layer (its embed_tokens, shared_head.head):
         # kept as loaded (HF name -> tensor) and written back on save.

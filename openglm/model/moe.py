@@ -28,6 +28,16 @@ NATIVE_MAX_ROWS = 8  # MAX_ROWS in decode_kernels.c: the most rows per weight se
 SMALL_BATCH = 64  # at most this many (token, expert) assignments: sort them in Python (see _forward_small)
 
 
+def swiglu(act, gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+    """act(gate) * up; with a limit (glm5_next's `swiglu_limit`), gate clamped from above and up on both sides first.
+    Without autograd it works in place on gate and up (fresh matmul outputs)."""
+    inplace = not torch.is_grad_enabled()
+    if limit is not None:
+        gate = gate.clamp_(max=limit) if inplace else gate.clamp(max=limit)
+        up = up.clamp_(-limit, limit) if inplace else up.clamp(-limit, limit)
+    return act(gate).mul_(up) if inplace else act(gate) * up
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None):
         super().__init__()
@@ -36,17 +46,19 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, inter, bias=False)
         self.down_proj = nn.Linear(inter, cfg.hidden_size, bias=False)
         self.act = ACT[cfg.hidden_act]
+        self.limit = cfg.swiglu_limit
 
     def forward(self, x):
         # Without autograd, gate and up (which read the same x) are one matmul over their stacked weights.
         w = None if torch.is_grad_enabled() else fused_rows(self, "gate_up", [self.gate_proj, self.up_proj])
         if w is None:
-            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(swiglu(self.act, self.gate_proj(x), self.up_proj(x), self.limit))
         rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] <= NATIVE_MAX_ROWS and native_swiglu_ok(self.act, x, w, self.down_proj.weight):
+        if (rows.shape[0] <= NATIVE_MAX_ROWS and self.limit is None
+                and native_swiglu_ok(self.act, x, w, self.down_proj.weight)):
             return native_swiglu(rows, [rows.shape[0]], w, self.down_proj.weight).view(x.shape)
         gate, up = F.linear(x, w).chunk(2, dim=-1)
-        return self.down_proj(self.act(gate).mul_(up))
+        return self.down_proj(swiglu(self.act, gate, up, self.limit))
 
 
 def native_swiglu_ok(act, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
@@ -86,6 +98,7 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * inter, H))
         self.down_proj = nn.Parameter(torch.empty(E, H, inter))
         self.act = ACT[cfg.hidden_act]
+        self.limit = cfg.swiglu_limit  # the C SwiGLU has no clamp: a clamped model takes the torch paths
 
     def forward(self, x, indices, weights, capacity: int | None = None):
         """x [N,H]; indices/weights [N,k]. Returns (out [N,H], number of dropped assignments)."""
@@ -138,14 +151,15 @@ class Experts(nn.Module):
         for e, n in enumerate(counts):
             if n:
                 gate, up = F.linear(xs[start:start + n], self.gate_up_proj[e]).chunk(2, dim=-1)
-                ys[start:start + n] = F.linear(self.act(gate) * up, self.down_proj[e])
+                ys[start:start + n] = F.linear(swiglu(self.act, gate, up, self.limit), self.down_proj[e])
                 start += n
         return ys
 
     def _grouped_inference(self, xs: torch.Tensor, counts: list[int], ys: torch.Tensor) -> torch.Tensor:
         """`_grouped` without autograd: fewer ops per expert (in-place activation, results written
         straight into `ys`), which is what a decode step with ~1 token per expert is bound by."""
-        if 0 < max(counts) <= NATIVE_MAX_ROWS and native_swiglu_ok(self.act, xs, self.gate_up_proj, self.down_proj):
+        if (0 < max(counts) <= NATIVE_MAX_ROWS and self.limit is None
+                and native_swiglu_ok(self.act, xs, self.gate_up_proj, self.down_proj)):
             return native_swiglu(xs, counts, self.gate_up_proj, self.down_proj)
         if 0 < max(counts) <= FEW_ROWS and self._grouped_mm_ok(xs.dtype):
             if xs.dtype == torch.float32:
@@ -180,12 +194,12 @@ class Experts(nn.Module):
         xs[offsets[e-1]:offsets[e]], and the [E, in, out] weights are transposed views (no copy)."""
         offsets = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32, device=xs.device)
         gate, up = torch._grouped_mm(xs, self.gate_up_proj.transpose(1, 2), offs=offsets).chunk(2, dim=-1)
-        return torch._grouped_mm(self.act(gate).mul_(up), self.down_proj.transpose(1, 2), offs=offsets)
+        return torch._grouped_mm(swiglu(self.act, gate, up, self.limit), self.down_proj.transpose(1, 2), offs=offsets)
 
     def _swiglu_rows(self, groups) -> None:
         for e, x, y in groups:
             gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-            torch.mm(self.act(gate).mul_(up), self.down_proj[e].t(), out=y)
+            torch.mm(swiglu(self.act, gate, up, self.limit), self.down_proj[e].t(), out=y)
 
 
 @contextmanager
