@@ -71,11 +71,13 @@ def save_pretrained(model: GlmMoeDsaForCausalLM, path, max_shard_size: int = 2 <
     path.parent.mkdir(parents=True, exist_ok=True)
     layout = checkpoint_layout(model.config.model_type)
     tensors = _hf_state_dict(model, layout)
+    kept = getattr(model, "vision_extra", {})
     if quantization is not None:
         skip = quantization.modules_to_not_convert
-        quantization = fp8.Fp8Config(quantization.block, skip + [m for m in layout.fp8_not_convert if m not in skip])
+        extra = list(layout.fp8_not_convert) + _kept_not_convert(model, kept, layout)
+        quantization = fp8.Fp8Config(quantization.block, skip + [m for m in extra if m not in skip])
         tensors = _quantized(tensors, quantization)
-    tensors.update(getattr(model, "vision_extra", {}))  # kept as loaded: the same bytes go back
+    tensors.update(kept)  # as loaded: the same bytes go back
     shards = _split(tensors, max_shard_size)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
@@ -110,6 +112,16 @@ def _hf_state_dict(model, layout) -> dict[str, torch.Tensor]:
     for hf_name, t in getattr(model, "mtp_extra", {}).items():
         out[hf_name] = t.detach().contiguous()
     return out
+
+
+def _kept_not_convert(model, kept: dict[str, torch.Tensor], layout) -> list[str]:
+    """What an FP8 config.json says of the tensors kept as stored (a vision tower): unquantised ones are not
+    converted at all; FP8 ones (from an FP8 source) keep the source's word on them."""
+    if not kept:
+        return []
+    if not any(name.endswith(fp8.SCALE_SUFFIX) for name in kept):
+        return list(layout.kept)
+    return list(getattr(model, "kept_not_convert", []))
 
 
 def _quantized(tensors: dict[str, torch.Tensor], q: fp8.Fp8Config) -> dict[str, torch.Tensor]:
@@ -380,6 +392,8 @@ def _fill(cfg, path, handles, quant, target, device, layout):
         if i is not None and k.endswith(weights.MTP_OPTIONAL) and k not in used:
             model.mtp_extra[k] = get(k).to(device=device, dtype=target)
             used.update([k, k + fp8.SCALE_SUFFIX])
+    if quant is not None and layout.kept:  # what the source said of the tensors kept as stored, for an FP8 save
+        model.kept_not_convert = [m for m in quant.modules_to_not_convert if layout.is_kept(m)]
     model.load_state_dict(state, strict=not cfg.tie_word_embeddings, assign=True)
     return model, used
 

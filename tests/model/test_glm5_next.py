@@ -295,3 +295,22 @@ def test_cache_type_is_checked():
     ours = Glm5NextForCausalLM(config())
     with pytest.raises(TypeError, match="HybridCache"):
         ours(torch.tensor([[5, 6]]), cache=DynamicCache())
+
+
+def test_fp8_save_of_a_multimodal_checkpoint_says_the_vision_tower_is_not_quantised(tmp_path, randomize):
+    """openglm never quantises the tensors it keeps as stored: an FP8 save lists them under modules_to_not_convert,
+    so transformers loads the (unquantised) vision tower as it is, and FP8 -> FP8 keeps the source's word on them."""
+    from transformers import Glm5NextForConditionalGeneration as HFModel
+
+    cfg = config()
+    torch.manual_seed(10)
+    HFModel(hf_config(cfg)).save_pretrained(tmp_path / "hf")
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "fp8"), "--fp8", "--fp8-block", "8,8"]) == 0
+    qc = json.loads((tmp_path / "fp8" / "config.json").read_text())["quantization_config"]
+    assert {"model.visual.", "model.language_model.embed_tokens"} <= set(qc["modules_to_not_convert"])
+    src = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    out = load_file(str(tmp_path / "fp8" / "model.safetensors"))
+    assert all(torch.equal(out[k], src[k]) for k in src if k.startswith("model.visual."))
+    assert main(["convert", str(tmp_path / "fp8"), str(tmp_path / "again"), "--fp8", "--fp8-block", "8,8"]) == 0
+    again = json.loads((tmp_path / "again" / "config.json").read_text())["quantization_config"]
+    assert again["modules_to_not_convert"] == qc["modules_to_not_convert"]
