@@ -100,7 +100,7 @@ PRESETS: dict[str, dict] = {
     # Every glm5_next layer kind: KDA, DSA with its own and with a shared indexer, dense and MoE MLPs, 2 streams,
     # groups of 4 keys (index_topk 8 keeps 2 groups plus the incomplete tail group).
     "tiny-glm5-next": dict(
-        model_type="glm5_next", vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        model_type="glm5_next", vocab_size=384, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
         num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=4,
         q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=0, v_head_dim=16,
         n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,

@@ -11,16 +11,16 @@ from openglm.train.trainer import train
 
 
 def test_tiny_glm5_next_learns_and_resumes_exactly(tiny_cfg, tmp_path):
-    cfg = dict(preset="tiny-glm5-next", seq_len=80, max_steps=16, save_every=100, eval_every=8)  # 80 > a KDA chunk
+    cfg = dict(preset="tiny-glm5-next", seq_len=72, max_steps=12, save_every=100, eval_every=6)  # 72 > a KDA chunk
     full = train(tiny_cfg(out_dir=str(tmp_path / "full"), **cfg))
     assert isinstance(full.model, Glm5NextForCausalLM)
-    first, last = sum(full.losses[s] for s in (1, 2, 3)) / 3, sum(full.losses[s] for s in (14, 15, 16)) / 3
+    first, last = sum(full.losses[s] for s in (1, 2, 3)) / 3, sum(full.losses[s] for s in (10, 11, 12)) / 3
     assert last < first - 1.0, (first, last)
-    assert full.val_losses[16] < full.val_losses[8]
+    assert full.val_losses[12] < full.val_losses[6]
     part = tiny_cfg(out_dir=str(tmp_path / "part"), **cfg)
-    assert train(part, stop_at=6).step == 6
+    assert train(part, stop_at=5).step == 5
     second = train(part, resume=True)
-    for step in range(7, 17):
+    for step in range(6, 13):
         assert abs(second.losses[step] - full.losses[step]) <= 1e-6, step
     a, b = full.model.state_dict(), second.model.state_dict()
     assert all(torch.allclose(a[k], b[k], atol=1e-6, rtol=0) for k in a)
@@ -34,10 +34,11 @@ def test_activation_checkpointing_gives_the_same_gradients():
     checked = Glm5NextForCausalLM(plain.config).train()
     checked.load_state_dict(plain.state_dict())
     assert enable_activation_checkpointing(checked, 2) == 3
-    ids = torch.randint(0, 256, (2, 40))
+    vocab = plain.config.vocab_size
+    ids = torch.randint(0, vocab, (2, 40))
     for m in (plain, checked):
         out = m(ids[:, :-1], return_aux=True)
-        loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, 256), ids[:, 1:].reshape(-1))
+        loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, vocab), ids[:, 1:].reshape(-1))
         (loss + out.aux.aux_loss).backward()
     grads = dict(plain.named_parameters())
     for name, p in checked.named_parameters():

@@ -31,6 +31,10 @@ class HyperConnection:
     def weights(self, owner: nn.Module, streams: torch.Tensor):
         """(post [B, T, n], comb [B, T, n, n], the collapsed block input [B, T, hidden]) of streams [B, T, n, hidden]:
         `owner`'s parameters applied."""
+        with torch.autocast(streams.device.type, enabled=False):  # fp32 weights, as the reference computes them
+            return self._weights(owner, streams)
+
+    def _weights(self, owner: nn.Module, streams: torch.Tensor):
         fn, base, scale = (getattr(owner, f"{self.prefix}_{s}") for s in ("fn", "base", "scale"))
         B, T, n, _ = streams.shape
         flat = streams.reshape(B, T, -1).float()

@@ -210,16 +210,17 @@ class LinearAttention(nn.Module):
         if token_valid is not None:
             x = x * token_valid[..., None].to(x.dtype)
         mixed, conv = self._conv(self._qkv(x), state)
-        q, k, v = (t.view(B, T, self.n_heads, self.head_dim).float() for t in mixed.split(self.width, -1))
-        q = l2_normalize(q) * self.head_dim ** -0.5
-        k = l2_normalize(k)
-        g = self._forget_gate(x)
-        beta = torch.sigmoid(self.b_proj(x).float())
-        S0 = None if state is None else state.recurrent.float()
-        if T <= RECURRENT_MAX_TOKENS and not torch.is_grad_enabled():
-            o, S = kda_recurrent(q, k, v, g, beta, S0)
-        else:
-            o, S = kda_chunked(q, k, v, g, beta, S0)
+        g, beta = self._forget_gate(x), torch.sigmoid(self.b_proj(x).float())
+        # The delta rule in fp32 even under bf16 autocast (training): its state accumulates every token.
+        with torch.autocast(x.device.type, enabled=False):
+            q, k, v = (t.view(B, T, self.n_heads, self.head_dim).float() for t in mixed.split(self.width, -1))
+            q = l2_normalize(q) * self.head_dim ** -0.5
+            k = l2_normalize(k)
+            S0 = None if state is None else state.recurrent.float()
+            if T <= RECURRENT_MAX_TOKENS and not torch.is_grad_enabled():
+                o, S = kda_recurrent(q, k, v, g, beta, S0)
+            else:
+                o, S = kda_chunked(q, k, v, g, beta, S0)
         gate = self.g_b_proj(self.g_a_proj(x)).view(B, T, self.n_heads, self.head_dim)
         o = self.o_norm(o, gate).to(x.dtype).reshape(B, T, self.width)
         out = self.o_proj(o) if torch.is_grad_enabled() else linear(o, self.o_proj.weight)
@@ -253,11 +254,13 @@ class LinearAttention(nn.Module):
         """Per-channel log forget gates [B, T, H, d] (fp32, < 0): lower_bound * sigmoid(exp(A) z), or without a
         bound -exp(A) softplus(z), z = f_b(f_a(x)) + dt_bias."""
         B, T, _ = x.shape
-        z = (self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()).view(B, T, self.n_heads, self.head_dim)
-        rate = self.A_log.float().exp().view(1, 1, -1, 1)
-        if self.lower_bound is not None:
-            return self.lower_bound * torch.sigmoid(rate * z)
-        return -rate * F.softplus(z, threshold=20.0)
+        z = self.f_b_proj(self.f_a_proj(x))
+        with torch.autocast(x.device.type, enabled=False):
+            z = (z.float() + self.dt_bias.float()).view(B, T, self.n_heads, self.head_dim)
+            rate = self.A_log.float().exp().view(1, 1, -1, 1)
+            if self.lower_bound is not None:
+                return self.lower_bound * torch.sigmoid(rate * z)
+            return -rate * F.softplus(z, threshold=20.0)
 
 
 class _GatedRMSNorm(nn.Module):
