@@ -1,4 +1,5 @@
-"""openglm.model: GLM-5 (`glm_moe_dsa`) with MLA, DeepSeek Sparse Attention and MoE.
+"""openglm.model: GLM-5 (`glm_moe_dsa`) with MLA, DeepSeek Sparse Attention and MoE (and its relatives: GLM-4.x,
+GLM-5.3-Flash in glm5_next/; `build_model(cfg)` picks the class of cfg.model_type).
 
     from openglm.model import ModelConfig, GlmMoeDsaForCausalLM, load_model, DynamicCache
     model = GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny"))
@@ -16,6 +17,8 @@ _EXPORTS = {
     "save_pretrained": "openglm.model.checkpoint",
     "ModelConfig": "openglm.model.config",
     "CausalLMOutput": "openglm.model.model",
+    "build_model": "openglm.model.families",
+    "Glm5NextForCausalLM": "openglm.model.glm5_next.model",
     "GlmMoeDsaForCausalLM": "openglm.model.model",
     "MoEStats": "openglm.model.model",
     "PRESETS": "openglm.model.presets",

@@ -37,7 +37,7 @@ from openglm.model.native import linear
 from openglm.model.weights import derived_weight
 
 CHUNK = 64  # tokens per chunk of `kda_chunked`
-SUB_CHUNK = 16  # tokens per block of exact pairwise decay factors inside a chunk
+SUB_CHUNK = 16  # tokens between the boundaries the decay factors inside a chunk are taken through
 RECURRENT_MAX_TOKENS = 4  # a forward of at most this many tokens without autograd (decode) runs the loop
 PAIR_BUDGET = 32 << 20  # bytes of intra-chunk intermediates computed at once (a group of chunks)
 
