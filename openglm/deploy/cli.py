@@ -18,7 +18,6 @@ from pathlib import Path
 
 from openglm.deploy.config import (OPENGLM_DEFAULTS, DeployConfig, DeployConfigError, SessionCache, Speculative,
                                    load_deploy_config)
-from openglm.deploy.handoff import launch_command
 from openglm.server.limits import ServerLimits
 
 KEY_ENV = "OPENGLM_API_KEY"
@@ -196,6 +195,8 @@ def register_deploy(subparsers):
 
 
 def deploy(args) -> int:
+    from openglm.deploy.handoff import launch_command  # the model's parameter accounting (torch) comes with it
+
     try:
         cfg = load_deploy_config(args.config)
         if args.gpu is not None:

@@ -35,9 +35,13 @@ from pathlib import Path
 
 import yaml
 
+from typing import TYPE_CHECKING
+
 from openglm.deploy.recipes import RECIPES, gpu_memory_gb
 from openglm.engine.config import EngineConfig
-from openglm.model.parallel import ParallelLayout
+
+if TYPE_CHECKING:
+    from openglm.model.parallel import ParallelLayout
 
 # openglm's own engine, for the engine-tuning keys a deployment leaves out (None)
 OPENGLM_DEFAULTS = {"max_num_batched_tokens": 2048, "max_num_seqs": 32, "block_size": 16, "num_kv_blocks": 2048,
@@ -72,7 +76,7 @@ class DeployConfig:
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
-    parallel_config: ParallelLayout = field(default_factory=ParallelLayout)
+    parallel_config: ParallelLayout = field(default_factory=lambda: _layout())
     max_num_batched_tokens: int | None = None  # None: the engine's own (OPENGLM_DEFAULTS for openglm serve)
     max_num_seqs: int | None = None
     max_model_len: int | None = None
@@ -121,6 +125,14 @@ class DeployConfig:
         return OPENGLM_DEFAULTS[name] if value is None else value
 
 
+def _layout(**degrees) -> ParallelLayout:
+    # openglm.model.parallel imports torch: loaded when a deployment is made, so every `openglm` command (the
+    # CLI registers `serve` and `deploy` at start) does not pay for it
+    from openglm.model.parallel import ParallelLayout
+
+    return ParallelLayout.from_dict(degrees)
+
+
 def _nested(cls, key: str, value):
     if value is None:
         return None
@@ -147,7 +159,7 @@ def parse_deploy_config(data) -> DeployConfig:
         pc = values["parallel_config"]
         if not isinstance(pc, dict):
             raise DeployConfigError("parallel_config must be a mapping, e.g. {tensor_parallel: 4, expert_parallel: 2}")
-        values["parallel_config"] = ParallelLayout.from_dict(pc)
+        values["parallel_config"] = _layout(**pc)
     values["session_cache"] = _nested(SessionCache, "session_cache", values.get("session_cache")) or SessionCache()
     values["speculative"] = _nested(Speculative, "speculative", values.get("speculative"))
     if values.get("quantization") == "none":
