@@ -20,6 +20,11 @@ The recipes: github:vllm-project/recipes at 8959cf64189c71d36e11c6a30335f923f261
 GLM/GLM5.md, GLM/GLM.md) and github:sgl-project/sgl-cookbook at 7b5bd9c05e3d86da5161ac2be9b91c19a34bf49d
 (data/models/generated/*/glm*.yaml, docs/autoregressive/GLM/*.md); GLM-5.3-Flash from SGLang 0.5.23's
 srt/parser/python_chat_template.py (its GLM-5.3 template features: reasoning glm45, tool calls glm47).
+Cross-checked once by hand (not in this suite: the engines are not dependencies): every family's vLLM line,
+and one with pp/dp/ep, block size, float16 and no prefix cache, parsed by vLLM 0.34.0's own `vllm serve`
+parser (make_arg_parser + validate_parsed_serve_args, its tool/reasoning registries resolving glm45 and
+glm47), and the SGLang lines by SGLang 0.5.23's ServerArgs.add_cli_args, which refuses `--reasoning-parser
+glm47`.
 """
 
 import argparse
