@@ -16,7 +16,7 @@ from torch import nn
 from openglm.model.attend import attend_dense, attend_latent
 from openglm.model.config import ModelConfig
 from openglm.model.indexer import Indexer
-from openglm.model.native import DECODE_MAX_ROWS, heads_linear, linear
+from openglm.model.native import heads_linear, linear, max_rows
 from openglm.model.norm import RMSNorm
 from openglm.model.rope import apply_rope, softmax_scale
 from openglm.model.sparse import SPARSE_PATTERN_KINDS, mla_pattern_attention, pattern_from_config
@@ -118,7 +118,7 @@ class MLAttention(nn.Module):
         B, T = q_nope.shape[:2]
         w = self.kv_b_proj.weight
         w_kv = w.view(self.n_heads, self.nope + self.v_dim, self.rank)
-        if B * T <= DECODE_MAX_ROWS and not torch.is_grad_enabled():
+        if B * T <= max_rows() and not torch.is_grad_enabled():
             w_uk_t = self.w_uk_t()
             if w_uk_t is not None:
                 out = heads_linear(q_nope.reshape(B * T, self.n_heads, self.nope), w_uk_t)

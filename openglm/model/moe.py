@@ -18,13 +18,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from openglm.model.config import ModelConfig
-from openglm.model.native import decode_kernels, kernel_weight, ptr, scale_ptr
+from openglm.model.native import max_rows, swiglu, swiglu_ok
 from openglm.model.router import Router, balance_losses
 from openglm.model.weights import fused_rows
 
 ACT = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 FEW_ROWS = 4  # experts with at most this many rows (decode) take the small-matmul path
-NATIVE_MAX_ROWS = 8  # MAX_ROWS in decode_kernels.c: the most rows per weight set its kernel takes
 SMALL_BATCH = 64  # at most this many (token, expert) assignments: sort them in Python (see _forward_small)
 
 
@@ -43,38 +42,10 @@ class MLP(nn.Module):
         if w is None:
             return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
         rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] <= NATIVE_MAX_ROWS and native_swiglu_ok(self.act, x, w, self.down_proj.weight):
-            return native_swiglu(rows, [rows.shape[0]], w, self.down_proj.weight).view(x.shape)
+        if self.act is F.silu and rows.shape[0] <= max_rows() and swiglu_ok(x, w, self.down_proj.weight):
+            return swiglu(rows, [rows.shape[0]], w, self.down_proj.weight).view(x.shape)
         gate, up = F.linear(x, w).chunk(2, dim=-1)
         return self.down_proj(self.act(gate).mul_(up))
-
-
-def native_swiglu_ok(act, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> bool:
-    """Whether `decode_kernels.c` can run a SwiGLU with these weights (gate_up [.., 2I, H], down [.., H, I]):
-    silu, fp32 or bf16 x with weights of its dtype (or int8 `QuantizedWeight`s of one), contiguous CPU
-    tensors, H and I multiples of 16, and a C compiler."""
-    H, inter = down.shape[-2:]
-    if not (act is F.silu and x.device.type == "cpu" and H % 16 == 0 and inter % 16 == 0
-            and x.dtype == gate_up.dtype == down.dtype and x.dtype in (torch.float32, torch.bfloat16)
-            and decode_kernels() is not None):
-        return False
-    a, b = kernel_weight(gate_up), kernel_weight(down)
-    return (a is not None and b is not None and a[2] == b[2]
-            and all(t.is_contiguous() for t in (a[0], b[0]) + ((a[1], b[1]) if a[1] is not None else ())))
-
-
-def native_swiglu(xs: torch.Tensor, counts: list[int], gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """The SwiGLU of each of E weight sets (gate_up [E, 2I, H] or [2I, H], down [E, H, I] or [H, I]) over its
-    consecutive rows of xs [sum(counts), H] (at most NATIVE_MAX_ROWS each), in one C call that streams every
-    weight row once: small-row BLAS calls read cold weights at ~5 GB/s, this ~2x faster. fp32 accumulation."""
-    H, inter = down.shape[-2:]
-    (gu, gu_scale, wtype), (dn, dn_scale, _) = kernel_weight(gate_up), kernel_weight(down)
-    x = xs.float().contiguous()
-    out, work = torch.empty_like(x), x.new_empty(NATIVE_MAX_ROWS * 3 * inter)
-    rows = torch.tensor(counts, dtype=torch.int64)  # held here: the kernel reads it through a raw pointer
-    decode_kernels().experts_swiglu(ptr(x), ptr(rows), len(counts), ptr(gu), ptr(dn), scale_ptr(gu_scale),
-                                    scale_ptr(dn_scale), wtype, H, inter, ptr(out), ptr(work))
-    return out.to(xs.dtype)
 
 
 class Experts(nn.Module):
@@ -145,8 +116,9 @@ class Experts(nn.Module):
     def _grouped_inference(self, xs: torch.Tensor, counts: list[int], ys: torch.Tensor) -> torch.Tensor:
         """`_grouped` without autograd: fewer ops per expert (in-place activation, results written
         straight into `ys`), which is what a decode step with ~1 token per expert is bound by."""
-        if 0 < max(counts) <= NATIVE_MAX_ROWS and native_swiglu_ok(self.act, xs, self.gate_up_proj, self.down_proj):
-            return native_swiglu(xs, counts, self.gate_up_proj, self.down_proj)
+        if (self.act is F.silu and 0 < max(counts) <= max_rows()
+                and swiglu_ok(xs, self.gate_up_proj, self.down_proj)):
+            return swiglu(xs, counts, self.gate_up_proj, self.down_proj)
         if 0 < max(counts) <= FEW_ROWS and self._grouped_mm_ok(xs.dtype):
             if xs.dtype == torch.float32:
                 return self._grouped_mm(xs, counts)

@@ -21,7 +21,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from openglm.model.native import dsa_kernels, ptr
+from openglm.model.native import check, dsa_kernels, ptr
 from openglm.model.sparse import DEFAULT_BUDGET, check_qkv, needs_grad
 from openglm.model.sparse_patterns import SparsePattern, allowed, key_positions
 
@@ -276,20 +276,23 @@ class _Selector:
         is_bf16 = int(self.score_dtype == torch.bfloat16)
         if nq <= FEW_QUERIES:
             heads = torch.bmm(q, self.kt[:, :, :qe])  # [B, nq * Hi, qe]
-            lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, qe, ptr(w), ptr(n_keys), 0, ptr(rows), scored)
+            check(lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, qe, ptr(w), ptr(n_keys), 0, ptr(rows), scored),
+                  "dsa_head_sum")
         else:
             t = self.key_tile
             tiles = self._tiles()
             heads = self.scratch.take("heads", (b, nq * hi, t), self.score_dtype)
             for c0 in range(0, scored, t):  # keys past n_keys (the tile's padding among them) are not read
                 torch.bmm(q, tiles[:, c0 // t], out=heads)
-                lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, t, ptr(w), ptr(n_keys), c0, ptr(rows), scored)
+                check(lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, t, ptr(w), ptr(n_keys), c0, ptr(rows), scored),
+                      "dsa_head_sum")
         out = torch.empty(b, nq, self.n_top, dtype=torch.long, device=index_q.device)
         work = self.scratch.take("work", (4 * scored,), torch.float32)
         tied = torch.empty(rows_n, dtype=torch.uint8)
         n_sample = int(PREFILTER_SLACK * self.n_top / PREFILTER_STRIDE)
-        if lib.dsa_rows_topk(ptr(rows), scored, rows_n, ptr(n_keys), None if visible is None else ptr(visible), qe,
-                             self.n_top, PREFILTER_STRIDE, n_sample, ptr(out), self.n_top, ptr(work), ptr(tied)):
+        if check(lib.dsa_rows_topk(ptr(rows), scored, rows_n, ptr(n_keys), None if visible is None else ptr(visible),
+                                   qe, self.n_top, PREFILTER_STRIDE, n_sample, ptr(out), self.n_top, ptr(work),
+                                   ptr(tied)), "dsa_rows_topk"):
             r = tied.bool().nonzero().squeeze(1)
             beyond = torch.arange(scored)[None, :] >= n_keys[r, None]  # not written by the C: invisible
             out.view(rows_n, -1)[r] = self._tie_break(rows[r].masked_fill(beyond, float("-inf")))
@@ -427,18 +430,19 @@ def _native_attend(lib, q, k, v, idx, scale: float, out) -> None:
     hkv, tk = k.shape[:2]
     key_start = torch.empty(tk + 1, dtype=torch.long)
     pair_q = torch.empty(idx.numel(), dtype=torch.int32)
-    n = lib.dsa_pairs_by_key(ptr(idx), nq, idx.shape[1], tk, ptr(key_start), ptr(pair_q))
+    n = check(lib.dsa_pairs_by_key(ptr(idx), nq, idx.shape[1], tk, ptr(key_start), ptr(pair_q)), "dsa_pairs_by_key")
     pair_q = pair_q[:n]
     sc, rowmax, rowsum = q.new_empty(n), q.new_empty(nq), q.new_empty(nq)
     o = out if out.stride(-1) == 1 else q.new_empty(out.shape)
     g = h // hkv
     for j in range(h):
         kh, vh = k[j // g], v[j // g]
-        lib.dsa_pair_scores(ptr(q[j]), q.stride(1), ptr(kh), kh.stride(0), tk, dk, scale, ptr(key_start),
-                            ptr(pair_q), ptr(sc), ptr(rowmax), nq)
-        lib.dsa_pair_exp(ptr(sc), ptr(pair_q), ptr(rowmax), n)  # softmax numerators; divided by their sum below
-        lib.dsa_pair_values(ptr(vh), vh.stride(0), tk, v.shape[-1], ptr(key_start), ptr(pair_q), ptr(sc),
-                            ptr(o[j]), o.stride(1), ptr(rowsum), nq)
+        check(lib.dsa_pair_scores(ptr(q[j]), q.stride(1), ptr(kh), kh.stride(0), tk, dk, scale, ptr(key_start),
+                                  ptr(pair_q), ptr(sc), ptr(rowmax), nq), "dsa_pair_scores")
+        # softmax numerators; divided by their sum below
+        check(lib.dsa_pair_exp(ptr(sc), ptr(pair_q), ptr(rowmax), n), "dsa_pair_exp")
+        check(lib.dsa_pair_values(ptr(vh), vh.stride(0), tk, v.shape[-1], ptr(key_start), ptr(pair_q), ptr(sc),
+                                  ptr(o[j]), o.stride(1), ptr(rowsum), nq), "dsa_pair_values")
     if o is not out:
         out.copy_(o)
 

@@ -5,6 +5,8 @@ int8 weights, exact ties at the k-th index score, weight updates and forward hoo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -232,12 +234,13 @@ def test_widths_beyond_the_native_buffers_take_the_torch_path(monkeypatch):
     the limit (here lowered to the tiny preset's hidden size) decodes on the torch path instead of overflowing it."""
     import openglm.model.decode_step as decode_step
 
-    monkeypatch.setattr(decode_step, "STEP_MAX_WIDTH", 63)  # tiny: hidden 64
+    limits = decode_step.decode_limits()
+    monkeypatch.setattr(decode_step, "decode_limits", lambda: replace(limits, step_max_width=63))  # tiny: hidden 64
     m = _model("tiny")
     spy = Spy(monkeypatch)
     reference = _decode(m, torch.arange(3, 12)[None], 2)[0]
     assert spy.used == 0 and torch.isfinite(reference).all()
-    monkeypatch.setattr(decode_step, "STEP_MAX_WIDTH", 64)
+    monkeypatch.setattr(decode_step, "decode_limits", lambda: replace(limits, step_max_width=64))
     m = _model("tiny")  # the same weights, built anew under the limit that fits
     assert (_decode(m, torch.arange(3, 12)[None], 2)[0] - reference).abs().max() <= 1e-5 * reference.abs().max()
     assert spy.used == 2

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
-from openglm.model.moe import MLP, Experts, native_swiglu_ok
+from openglm.model.moe import MLP, Experts
+from openglm.model.native import swiglu_ok
 from openglm.model.native import decode_kernels, heads_linear
 from openglm.model.norm import RMSNorm
 from openglm.model.weights import derived_weight, fused_rows
@@ -108,12 +109,12 @@ def _loop(experts, xs, counts):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 0.0)])
 def test_grouped_expert_matmuls_equal_the_per_expert_loop(dtype, tol, monkeypatch):
-    monkeypatch.setattr("openglm.model.moe.decode_kernels", lambda: None)  # as without a C compiler
+    monkeypatch.setattr("openglm.model.native.decode_kernels", lambda: None)  # as without a C compiler
     experts = _experts(0).to(dtype)
     with torch.no_grad():
         counts = [2, 0, 1, 3, 0, 0, 1, 1]
         xs = torch.randn(sum(counts), 64, dtype=dtype)
-        assert experts._grouped_mm_ok(dtype) and not native_swiglu_ok(experts.act, xs, experts.gate_up_proj, experts.down_proj)
+        assert experts._grouped_mm_ok(dtype) and not swiglu_ok(xs, experts.gate_up_proj, experts.down_proj)
         grouped = experts._grouped_inference(xs, counts, torch.empty_like(xs))  # takes the grouped path
         loop = _loop(experts, xs, counts)
     assert grouped.dtype == dtype and (grouped.float() - loop.float()).abs().max() <= tol
@@ -141,7 +142,7 @@ def test_native_expert_kernel_equals_the_per_expert_loop(dtype):
         counts = [2, 0, 1, 8, 0, 0, 1, 3]  # up to the kernel's 8 rows per expert
         xs = torch.randn(sum(counts), 64, dtype=dtype)
         reference = _loop(copy.deepcopy(experts).float(), xs.float(), counts)  # fp32 maths on the same values
-        assert native_swiglu_ok(experts.act, xs, experts.gate_up_proj, experts.down_proj)
+        assert swiglu_ok(xs, experts.gate_up_proj, experts.down_proj)
         native = experts._grouped_inference(xs, counts, torch.empty_like(xs))
     err = (native.float() - reference).abs().max() / reference.abs().max()
     assert native.dtype == dtype and err <= (1e-6 if dtype == torch.float32 else 4e-3)  # bf16: its final rounding
