@@ -21,7 +21,7 @@ from openglm.model.norm import RMSNorm
 from openglm.model.rope import apply_rope, softmax_scale
 from openglm.model.sparse import SPARSE_PATTERN_KINDS, mla_pattern_attention, pattern_from_config
 from openglm.model.sparse_dsa import FEW_QUERIES, dsa_attention, gather_attention
-from openglm.model.weights import derived_weight, fused_rows
+from openglm.model.derived import derived_weight, fused_rows
 
 
 class MLAttention(nn.Module):

@@ -26,7 +26,7 @@ from openglm.model.moe import MLP, Experts, MoE
 from openglm.model.native import check, decode_kernels, decode_limits, kernel_weight
 from openglm.model.quantized import QuantizedWeight
 from openglm.model.sparse_dsa import topk_slots
-from openglm.model.weights import derived_weight, fused_rows
+from openglm.model.derived import derived_weight, fused_rows
 
 _I64, _F32, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 

@@ -4,7 +4,7 @@ checkpoint's next-n (MTP) layers, run by `mtp_forward` (the trainer's MTP loss, 
 
 Parameter names equal transformers' on-disk names except the routed experts, which are stored
 stacked, and the next-n layers, held as `model.mtp_layers.i` (on disk `model.layers.{num_hidden_layers + i}`;
-see openglm/model/weights.py for the one HF <-> native mapping).
+see openglm/model/hf_names.py for the HF <-> native mapping).
 """
 
 from __future__ import annotations
@@ -268,11 +268,6 @@ class GlmMoeDsaForCausalLM(nn.Module):
         assigned = sum(s.assigned for s in layer_stats)
         return MoEStats(aux + zero, losses, torch.stack([s.counts for s in layer_stats]),
                         sum(s.dropped for s in layer_stats) / max(assigned, 1))
-
-    def save_pretrained(self, path, max_shard_size: int = 2 << 30) -> None:
-        from openglm.model.checkpoint import save_pretrained  # checkpoint.py builds models: a module-level import would be a cycle inside model/
-
-        save_pretrained(self, path, max_shard_size=max_shard_size)
 
 
 def default_position_ids(attention_mask, B, past, T, device) -> torch.Tensor:

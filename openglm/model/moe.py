@@ -20,7 +20,7 @@ from torch import nn
 from openglm.model.config import ModelConfig
 from openglm.model.native import max_rows, swiglu, swiglu_ok
 from openglm.model.router import Router, balance_losses
-from openglm.model.weights import fused_rows
+from openglm.model.derived import fused_rows
 
 ACT = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 FEW_ROWS = 4  # experts with at most this many rows (decode) take the small-matmul path

@@ -14,7 +14,7 @@ from openglm.model.moe import MLP, Experts
 from openglm.model.native import swiglu_ok
 from openglm.model.native import decode_kernels, heads_linear
 from openglm.model.norm import RMSNorm
-from openglm.model.weights import derived_weight, fused_rows
+from openglm.model.derived import derived_weight, fused_rows
 
 TOL = 1e-5
 
