@@ -190,8 +190,9 @@ def scale_ptr(scale: torch.Tensor | None) -> int | None:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, w) (no bias); for a decode step's few rows without autograd through `decode_kernels.c`,
-    which streams each weight row once (small-row BLAS reads cold weights at ~5 GB/s; fp32 accumulation).
+    """F.linear(x, w) (no bias) for the inference paths (`fast.Inference`: no autograd, so no graph is recorded);
+    a decode step's few rows through `decode_kernels.c`, which streams each weight row once (small-row BLAS reads
+    cold weights at ~5 GB/s; fp32 accumulation).
     fp32 or bf16 x with a weight of its dtype or an int8 `QuantizedWeight`; more rows of bf16 x over an int8
     weight take ATen's weight-only int8 matmul, which also reads the int8 values in place. A weight whose inner
     width is not x's raises, as F.linear does."""
@@ -199,7 +200,7 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"linear: weight {tuple(w.shape)} does not take input {tuple(x.shape)} (its inner width "
                          f"must be the input's last, {x.shape[-1]})")
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    kw = kernel_weight(w) if (x.device.type == "cpu" and not torch.is_grad_enabled() and x.dtype == w.dtype
+    kw = kernel_weight(w) if (x.device.type == "cpu" and x.dtype == w.dtype
                               and x.dtype in (torch.float32, torch.bfloat16)) else None
     if kw is None or not kw[0].is_contiguous() or (kw[1] is not None and not kw[1].is_contiguous()):
         return torch.nn.functional.linear(x, w)
@@ -220,15 +221,16 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def heads_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     """x [rows, H, k] times w [H, m, k] transposed per head -> [rows, H, m] in x's dtype through
     `decode_kernels.c` (a decode step's MLA absorption: small bmms cost more in set-up than in reading w),
-    or None when the kernel does not apply (the caller runs its bmm). w: fp32, bf16 or int8 `QuantizedWeight`."""
+    or None when the kernel does not apply (the caller runs its bmm). w: fp32, bf16 or int8 `QuantizedWeight`.
+    For the inference paths (no autograd)."""
     rows, heads, k = x.shape
     if w.dim() != 3 or w.shape[0] != heads or w.shape[-1] != k:
         raise ValueError(f"heads_linear: weight {tuple(w.shape)} does not take input {tuple(x.shape)} (expected "
                          f"[{heads}, m, {k}])")
     m, limits = w.shape[1], decode_limits()
     kw = kernel_weight(w)
-    if not (kw is not None and 0 < rows <= limits.max_rows and not torch.is_grad_enabled()
-            and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
+    if not (kw is not None and 0 < rows <= limits.max_rows and x.device.type == "cpu"
+            and x.dtype in (torch.float32, torch.bfloat16)
             and kw[0].stride(-1) == 1 and kw[0].stride(-2) == k and k % 16 == 0
             and max(k, m) <= limits.heads_max_width):
         return None
@@ -244,10 +246,10 @@ def heads_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
 
 def rms_norm_bf16(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor | None:
     """RMSNorm of bf16 x with a bf16 weight as `norm.RMSNorm` computes it (fp32 statistics, the reference's two
-    bf16 roundings) in one C call, or None where the kernel does not apply (the caller runs the torch ops):
-    without autograd, on the CPU, a width that is a multiple of 16."""
+    bf16 roundings) in one C call for the inference paths (no autograd), or None where the kernel does not apply
+    (the caller runs the torch ops): on the CPU, a width that is a multiple of 16."""
     dim = x.shape[-1]
-    if not (not torch.is_grad_enabled() and x.device.type == "cpu" and x.dtype == w.dtype == torch.bfloat16
+    if not (x.device.type == "cpu" and x.dtype == w.dtype == torch.bfloat16
             and w.is_contiguous() and 0 < dim and dim % 16 == 0 and w.numel() == dim
             and decode_kernels() is not None):
         return None

@@ -347,18 +347,20 @@ def gather_attention(q, k, v, topk_idx, *, scale: float | None = None,
     if hi >= tk:  # the native kernels would read past the cache
         raise IndexError(f"topk_idx holds slot {hi}, but there are only {tk} keys")
     return _attend_slots(q, k, v, topk_idx, dk ** -0.5 if scale is None else scale, budget_bytes, sorted_slots,
+                         needs_grad(q, k, v),
                          complete=lo >= 0)
 
 
-def _attend_slots(q, k, v, topk_idx, scale: float, budget_bytes: int, sorted_slots: bool, complete: bool):
+def _attend_slots(q, k, v, topk_idx, scale: float, budget_bytes: int, sorted_slots: bool, grad: bool,
+                  complete: bool):
     """gather_attention without its checks, for slots this module selected. complete: no slot is -1 anywhere
-    (a decode step without padding): nothing to mask or zero."""
+    (a decode step without padding): nothing to mask or zero. grad: autograd records q, k or v (`needs_grad`)."""
     b, h, tq, dk = q.shape
     tk = k.shape[2]
     # A CSR row cannot hold more entries than the matrix has columns (padding entries repeat slot 0).
-    if (needs_grad(q, k, v) or tq <= FEW_QUERIES or q.dtype != torch.float32 or k.dtype != torch.float32
+    if (grad or tq <= FEW_QUERIES or q.dtype != torch.float32 or k.dtype != torch.float32
             or topk_idx.shape[-1] > tk):
-        out = _gathered_attend(q, k, v, topk_idx, scale, budget_bytes, complete)
+        out = _gathered_attend(q, k, v, topk_idx, scale, budget_bytes, grad, complete)
         if complete:
             return out
     else:
@@ -447,7 +449,7 @@ def _native_attend(lib, q, k, v, idx, scale: float, out) -> None:
         out.copy_(o)
 
 
-def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int, complete: bool = False):
+def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int, grad: bool, complete: bool = False):
     """Gather each query block's selected key (and value) rows for all sequences at once, then matmul +
     softmax + matmul; differentiable. [B, H, Tq, Dv] in q's dtype; rows with no slot come out finite (the
     caller zeroes them). complete: no slot is -1 (then nothing is masked). At most SMALL_ROWS (sequence, query)
@@ -463,9 +465,9 @@ def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int, complet
     block = _block(per_query, tq, min(budget_bytes, GATHER_BLOCK_BYTES))
     qt = q.transpose(1, 2)  # [B, Tq, H, Dk]: the model's own layout, so usually a view
     # Without autograd one gather buffer serves every block: fresh multi-MB allocations page-fault each time.
-    reuse = block < tq and not (torch.is_grad_enabled() and k_rows.requires_grad)
+    reuse = block < tq and not grad
     k_buf = k_rows.new_empty(b * block * n_top, k_rows.shape[1]) if reuse else None
-    work = torch.float32 if b * tq <= SMALL_ROWS and not torch.is_grad_enabled() else q.dtype
+    work = torch.float32 if b * tq <= SMALL_ROWS and not grad else q.dtype
     out = []
     for s in range(0, tq, block):
         e = min(tq, s + block)
@@ -605,7 +607,7 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
             slots[:, c:ce, :idx.shape[-1]] = idx
         # Every query past the first n_top slots of a sequence without padding sees n_top keys: no slot unused.
         complete = select.plain and past + c >= n_top or bool((idx >= 0).all())
-        o = _attend_slots(q[:, :, c:ce], k[:, :, :qe], v[:, :, :qe], idx, scale, budget_bytes, True, complete)
+        o = _attend_slots(q[:, :, c:ce], k[:, :, :qe], v[:, :, :qe], idx, scale, budget_bytes, True, grad, complete)
         if isinstance(out, list):
             out.append(o)
         else:

@@ -25,8 +25,8 @@ from openglm.model.cache import DecodeRows
 from openglm.model.moe import MLP, Experts, MoE
 from openglm.model.native import check, decode_kernels, decode_limits, kernel_weight
 from openglm.model.quantized import QuantizedWeight
-from openglm.model.sparse_dsa import topk_slots
 from openglm.model.derived import derived_weight, fused_rows
+from openglm.model.glm5.sparse_dsa import topk_slots
 
 _I64, _F32, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -237,13 +237,13 @@ class DecodePlan:
         self.params: dict[int, tuple[MlaLayerC, FfnLayerC]] = {}
 
     @classmethod
-    def create(cls, layers, cache, input_ids: torch.Tensor, attention_mask, with_stats: bool,
-               dtype: torch.dtype) -> "DecodePlan | None":
-        """A plan when every layer has a native form for a residual stream of `dtype` and the cache can lay out
-        the rows; else None."""
+    def create(cls, layers, cache, input_ids: torch.Tensor, attention_mask, dtype: torch.dtype) -> "DecodePlan | None":
+        """A plan when the step's rows fit the kernels, every layer has a native form for a residual stream of
+        `dtype` and the cache can lay out the rows; else None. (`fast.choose` asks for one only without autograd
+        and without statistics.)"""
         B, T = input_ids.shape
-        if (with_stats or torch.is_grad_enabled() or not 0 < B * T <= decode_limits().max_rows or cache is None
-                or not hasattr(cache, "decode_layout") or input_ids.device.type != "cpu" or decode_kernels() is None):
+        if (not 0 < B * T <= decode_limits().max_rows or cache is None or not hasattr(cache, "decode_layout")
+                or input_ids.device.type != "cpu" or decode_kernels() is None):
             return None
         params = [layer_params(layer) for layer in layers]
         if any(p is None or p[0].act_bf16 != (dtype == torch.bfloat16) for p in params):
