@@ -138,24 +138,11 @@ def decode_paths() -> str:
 def _load(name: str, signatures: dict, switch: str):
     if "0" in (os.environ.get("OPENGLM_NATIVE", "1"), os.environ.get(switch, "1")):
         return None
-    cc = os.environ.get("CC", "cc")
-    if shutil.which(cc) is None:
-        return None
-    source, header = Path(__file__).with_name(f"{name}_kernels.c"), Path(__file__).with_name(HEADER)
-    flags = FLAGS + shlex.split(os.environ.get("OPENGLM_CFLAGS", ""))
-    key = hashlib.sha256("\n".join([source.read_text(), header.read_text(), cc, *flags, platform.machine(),
-                                    _cpu_id()]).encode())
-    cache = os.environ.get("OPENGLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "openglm")
-    path = os.path.join(cache, f"{name}_{key.hexdigest()[:16]}.so")
     try:
-        if not os.path.exists(path):
-            os.makedirs(cache, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: atomic for others
-                lib = os.path.join(tmp, f"{name}.so")
-                subprocess.run([cc, *flags, str(source), "-o", lib, "-lm"], check=True, capture_output=True,
-                               timeout=120)
-                os.replace(lib, path)
-        lib = ctypes.CDLL(path)
+        path = build(name)
+        if path is None:
+            return None
+        lib = ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError) as e:
         detail = (getattr(e, "stderr", None) or b"").decode(errors="replace").strip()[-300:]
         warnings.warn(f"openglm: {name} native kernels unavailable ({e} {detail}); using the torch-op path")
@@ -164,6 +151,28 @@ def _load(name: str, signatures: dict, switch: str):
         fn = getattr(lib, fn_name)
         fn.argtypes, fn.restype = args, res
     return lib
+
+
+def build(name: str) -> Path | None:
+    """The compiled library `{name}_kernels.c` ("decode" or "dsa"), built into the cache if it is not there yet
+    (with $CC and $OPENGLM_CFLAGS as `_load` uses them); None without a compiler. Raises what the compiler raised."""
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        return None
+    source, header = Path(__file__).with_name(f"{name}_kernels.c"), Path(__file__).with_name(HEADER)
+    flags = FLAGS + shlex.split(os.environ.get("OPENGLM_CFLAGS", ""))
+    key = hashlib.sha256("\n".join([source.read_text(), header.read_text(), cc, *flags, platform.machine(),
+                                    _cpu_id()]).encode())
+    cache = Path(os.environ.get("OPENGLM_CACHE") or Path.home() / ".cache" / "openglm")
+    path = cache / f"{name}_{key.hexdigest()[:16]}.so"
+    if not path.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: atomic for others
+            lib = Path(tmp) / f"{name}.so"
+            subprocess.run([cc, *flags, str(source), "-o", str(lib), "-lm"], check=True, capture_output=True,
+                           timeout=120)
+            os.replace(lib, path)
+    return path
 
 
 def ptr(t: torch.Tensor) -> int:
