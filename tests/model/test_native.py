@@ -4,7 +4,6 @@ error code becomes an exception, and a run under AddressSanitizer finds no out-o
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import subprocess
@@ -175,9 +174,9 @@ def test_kernels_run_clean_under_address_sanitizer(tmp_path, monkeypatch):
     the model takes (linear, SwiGLU, per-head products, bf16 norms, the DSA kernels, whole decode steps) and the
     wrappers' refusals of mismatched shapes. A read or write past any buffer aborts the process with ASan's report."""
     # -O0: seconds to build (an optimised sanitized build took minutes), and no access optimised away
-    flags = {"CC": "gcc", "OPENGLM_CFLAGS": "-O0 -fsanitize=address -fno-omit-frame-pointer", "OPENGLM_CACHE": str(tmp_path)}
-    for key, value in flags.items():
-        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("OPENGLM_CFLAGS", "-O0 -fsanitize=address -fno-omit-frame-pointer")
+    monkeypatch.setenv("CC", "gcc")
+    monkeypatch.setenv("OPENGLM_CACHE", str(tmp_path))
     built = [native.build("decode"), native.build("dsa")]  # here: the compiler must not run with the runtime preloaded
     env = {**os.environ, "LD_PRELOAD": _libasan(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "ASAN_OPTIONS": "detect_leaks=0"}  # the interpreter's own allocations are never freed: not leaks here
