@@ -16,8 +16,7 @@ from openglm import __version__
 COMMAND_MODULES = [
     "openglm.model.cli",  # info
     "openglm.train.cli",  # train, generate, demo
-    "openglm.server.cli",  # serve
-    "openglm.server.deploy_cli",  # deploy
+    "openglm.deploy.cli",  # serve, deploy
     "openglm.agent.cli",  # task, agent-server, worker
     "openglm.swe.cli",  # localize, verify, bisect, swe-eval, swe-gen
     "openglm.retrieval.cli",  # index

@@ -24,7 +24,8 @@ ALLOWED: dict[str, set[str]] = {
     "retrieval": {"tokenizer", "util"},
     "train": {"model", "tokenizer", "util"},
     "engine": {"model", "tokenizer", "util"},
-    "server": {"engine", "model", "tokenizer", "util"},
+    "server": {"engine", "tokenizer", "util"},  # the HTTP app around a built engine
+    "deploy": {"server", "engine", "model", "tokenizer", "util"},  # builds the engine, starts the server
     "agent": {"retrieval", "client", "util"},
     "swe": {"agent", "retrieval", "client", "model", "tokenizer", "util"},
     "__init__": {"util"},  # openglm/__init__.py: lazy exports name their modules as strings
@@ -132,6 +133,13 @@ def test_the_allowed_graph_has_no_cycle():
 
     for p in ALLOWED:
         visit(p, [])
+
+
+def test_deployment_sits_on_top():
+    """How a server is started (checkpoint loading, sharding, torchrun, the vLLM/SGLang hand-off) is deploy's:
+    the packages it starts import none of it; only the entry point (cli.py) does."""
+    assert not [p for p, deps in ALLOWED.items() if "deploy" in deps]
+    assert {"server", "engine"} <= ALLOWED["deploy"]
 
 
 def test_every_package_import_points_the_allowed_way():

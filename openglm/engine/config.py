@@ -14,14 +14,13 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + output; defaults to the model's max_position_embeddings
     enable_prefix_caching: bool = True  # content-hashed full blocks shared across requests (session cache)
     session_ttl: float = 600.0  # seconds an idle cached block may stay reusable; <= 0 disables expiry
-    max_queue: int = 256  # waiting + running requests beyond which new requests are refused
     quantization: str | None = None  # None, "int8" or "fp8"
     dtype: str = "float32"
     seed: int = 0
     num_speculative_tokens: int = 0  # MTP drafts verified per decode step (0: off); needs a next-n layer
 
     def __post_init__(self):
-        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_queue"):
+        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")

@@ -25,15 +25,14 @@ from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
 from openglm.server.serving import OpenAIServing
 from openglm.server.status_page import register as register_status_page
 
-def create_app(engine, model_name: str, api_key: str | None = None, max_queue: int | None = None,
-               public_metrics: bool = False, limits: ServerLimits | None = None) -> FastAPI:
+def create_app(engine, model_name: str, api_key: str | None = None, public_metrics: bool = False,
+               limits: ServerLimits | None = None) -> FastAPI:
     if api_key is not None and not api_key.strip():
         raise ValueError("the API key is empty: pass a non-empty key, or none to serve without one")
+    limits = limits or ServerLimits()
     metrics = ServerMetrics()
-    async_engine = AsyncEngine(engine, max_queue or engine.config.max_queue, metrics)
-    vocab = getattr(engine.model_config, "vocab_size", None) or engine.tokenizer.vocab_size
-    serving = OpenAIServing(async_engine, engine.tokenizer, model_name, engine.max_model_len, vocab,
-                            grammar_engine=engine.grammar)
+    async_engine = AsyncEngine(engine, limits.max_queue, metrics)
+    serving = OpenAIServing(async_engine, model_name)
     metrics.observe_engine(engine)
 
     @contextlib.asynccontextmanager
@@ -43,7 +42,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_queue: i
         async_engine.shutdown()
 
     app = FastAPI(title="openglm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, limits=limits or ServerLimits())
+    app.add_middleware(BodyLimit, limits=limits)
     app.state.engine, app.state.async_engine, app.state.metrics = engine, async_engine, metrics
 
     # A dependency rather than an HTTP middleware: Starlette's BaseHTTPMiddleware wraps `receive`,

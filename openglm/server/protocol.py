@@ -291,6 +291,10 @@ class ChatCompletionRequest(_Sampling):
         choice = self.effective_tool_choice()
         return choice == "required" or isinstance(choice, NamedToolChoice)
 
+    def constrained(self) -> bool:
+        """Whether the answer must match a grammar (structured.py): a required or named tool call, or JSON."""
+        return self.forced_tool_call() or (self.response_format is not None and self.response_format.type != "text")
+
     def template_messages(self) -> list[dict]:
         """The messages whole, as the chat template receives them (OpenAI field names)."""
         keep = set(ChatMessage.model_fields)

@@ -29,6 +29,8 @@ SCALAR_RULES = {
 
 def request_grammar(req: ChatCompletionRequest, tokenizer, thinking: bool) -> str | None:
     """The Lark grammar (llguidance dialect) for this request, or None when it is unconstrained."""
+    if not req.constrained():
+        return None
     mark = _marker_refs(tokenizer)
     if req.forced_tool_call():
         choice = req.effective_tool_choice()
@@ -36,19 +38,18 @@ def request_grammar(req: ChatCompletionRequest, tokenizer, thinking: bool) -> st
         if isinstance(choice, NamedToolChoice):
             tools = [f for f in tools if f.name == choice.function.name]
         body = tool_calls_grammar(tools, mark, parallel=req.parallel_tool_calls)
-    elif req.response_format is not None and req.response_format.type != "text":
+    else:  # a JSON response_format
         rf = req.response_format
         schema = rf.json_schema.schema_ if rf.type == "json_schema" else {"type": "object"}
         body = f"start: answer\nanswer: %json {json.dumps(schema or {'type': 'object'})}\n"
-    else:
-        return None
     if thinking:  # reasoning is free text; the constraint holds from </think> on
         body = body.replace("start: ", f"start: REASONING {mark('</think>')} ", 1) + "REASONING: /(.|\\n)*/\n"
     return body
 
 
 def tool_calls_grammar(functions, mark, parallel: bool) -> str:
-    lines = ["start: call" + ("+" if parallel else ""), "call: " + " | ".join(f"call_{i}" for i in range(len(functions)))]
+    lines = ["start: call" + ("+" if parallel else ""),
+             "call: " + " | ".join(f"call_{i}" for i in range(len(functions)))]
     for i, fn in enumerate(functions):
         params = fn.parameters or {}
         props = params.get("properties") or {}

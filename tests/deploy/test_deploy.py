@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from openglm.server.deploy_config import load_deploy_config, parse_deploy_config
-from openglm.server.handoff import HandoffError, launch_command
+from openglm.deploy.config import load_deploy_config, parse_deploy_config
+from openglm.deploy.handoff import HandoffError, launch_command
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "examples" / "deploy.yaml"

@@ -1,5 +1,6 @@
-"""deploy.yaml: one deployment described once, served by `openglm serve --config` (under torchrun for
-tensor/expert parallelism) or handed to vLLM / SGLang by `openglm deploy`.
+"""A deployment described once (`DeployConfig`): read from deploy.yaml, or from `openglm serve CHECKPOINT`'s
+flags; served by `openglm serve` (under torchrun for tensor/expert parallelism) or handed to vLLM / SGLang
+by `openglm deploy`. `engine_config` is the one place an `EngineConfig` is built for serving.
 
     model: runs/demo                      # checkpoint folder (or a Hugging Face id, for the hand-off)
     served_model_name: glm-5.1
@@ -14,7 +15,7 @@ tensor/expert parallelism) or handed to vLLM / SGLang by `openglm deploy`.
     quantization: fp8                     # none | fp8 | int8 (weight-only)
     dtype: bfloat16
     session_cache: {enabled: true, ttl_s: 600}   # prefix cache across turns, idle blocks kept ttl_s seconds
-    speculative: {method: mtp, num_speculative_tokens: 1}   # GLM's MTP layer (vLLM/SGLang; openglm's engine in one process)
+    speculative: {method: mtp, num_speculative_tokens: 1}   # GLM's MTP layer (openglm: one process only)
     tool_call_parser: glm45
     reasoning_parser: glm45
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+from openglm.engine.config import EngineConfig
 from openglm.model.parallel import ParallelLayout
 
 
@@ -146,3 +148,25 @@ def load_deploy_config(path: str | Path) -> DeployConfig:
     if not model.is_absolute() and (Path(path).parent / model).exists():  # relative to the config file
         cfg = dataclasses.replace(cfg, model=str(Path(path).parent / model))
     return cfg
+
+
+def engine_config(cfg: DeployConfig, world: int = 1) -> EngineConfig:
+    """The engine a deployment runs on `world` processes. Tensor-parallel ranks replay the main model's steps
+    only, so speculative (MTP) decoding runs on one process alone (`unused_fields` says so)."""
+    spec = cfg.speculative.num_speculative_tokens if cfg.speculative is not None and world == 1 else 0
+    return EngineConfig(block_size=cfg.block_size, num_kv_blocks=cfg.num_kv_blocks, max_num_seqs=cfg.max_num_seqs,
+                        max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
+                        enable_prefix_caching=cfg.session_cache.enabled, session_ttl=cfg.session_cache.ttl_s,
+                        quantization=cfg.quantization, dtype=cfg.dtype, num_speculative_tokens=spec)
+
+
+def unused_fields(cfg: DeployConfig, world: int = 1) -> list[str]:
+    """Fields that the hand-off engines use and openglm's own engine does not here (said once at start)."""
+    notes = []
+    if cfg.speculative is not None and world > 1:
+        notes.append("speculative (MTP) decoding runs in a single-process openglm engine; the tensor-parallel "
+                     "ranks decode one token a step")
+    if cfg.tool_call_parser or cfg.reasoning_parser:
+        notes.append("tool_call_parser / reasoning_parser name the vLLM/SGLang parsers; openglm serve renders "
+                     "GLM tool calls and reasoning with its own chat template")
+    return notes

@@ -2,14 +2,14 @@
 
 Each function returns (argv, notes): the command line, and one line per field the target engine
 expresses differently or not at all (printed to stderr by `openglm deploy`). The flag names are those of
-the engines' own argument parsers (tests/server/test_deploy.py records the source files and versions).
+the engines' own argument parsers (tests/deploy/test_deploy.py records the source files and versions).
 """
 
 from __future__ import annotations
 
 import json
 
-from openglm.server.deploy_config import DeployConfig
+from openglm.deploy.config import DeployConfig
 
 ENGINES = ("vllm", "sglang")
 
