@@ -26,7 +26,9 @@ class Policy:
         raise NotImplementedError
 
     def prepare(self, ctx, state, tools: list[dict]) -> tuple[list[dict], list[dict], list[tuple[str, dict]]]:
-        """(messages, tools, events to record with the model call, e.g. a condensation)."""
+        """(messages, tools, events to record with the model call, e.g. a condensation). The run applies
+        those events to the state as it records them; a policy that needs one applied to build the
+        messages applies it itself (`state.apply`: the events it returns apply the same way again)."""
         raise NotImplementedError
 
     def actions(self, response: ModelResponse) -> list[tuple[ToolCall, bool]]:
@@ -49,7 +51,8 @@ class ToolCallingPolicy(Policy):
         deliverables = task.parsed_constraints.deliverables
         text = f"Objective:\n{task.objective}"
         if deliverables:
-            text += "\n\nDeliverables (checked when you submit):\n" + "\n".join(f"- {d.describe()}" for d in deliverables)
+            text += "\n\nDeliverables (checked when you submit):\n"
+            text += "\n".join(f"- {d.describe()}" for d in deliverables)
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": text}]
 
     def prepare(self, ctx, state, tools):
@@ -59,7 +62,7 @@ class ToolCallingPolicy(Policy):
         if estimate_tokens(messages) > 0.75 * self.context_limit and upto > max(state.condensed_upto, 0):
             # Older observations are shortened; the condensation is an event so a resume sees it too.
             before = estimate_tokens(messages)
-            state.condensed_upto = upto
+            state.apply("condensation", state.step, {"upto_step": upto})
             messages = state.messages()
             events.append(("condensation", {"upto_step": upto, "tokens_before": before,
                                             "tokens_after": estimate_tokens(messages)}))

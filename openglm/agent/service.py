@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -20,8 +19,10 @@ from openglm.agent.state import rebuild
 from openglm.agent.store import StateConflict
 from openglm.agent.task import TERMINAL, ConstraintError, Task, TaskState, new_task_id, parse_constraints
 from openglm.agent.trust import check_no_secrets, redact, resolve_model_spec
+from openglm.util.git import GitError, clone
 
 S = TaskState
+CLONE_TIMEOUT_S = 600
 _GIT_URL = re.compile(r"^(https?://|ssh://|git://|file://|git@)|\.git/?$")
 
 
@@ -29,9 +30,10 @@ def _workspace(config: AgentConfig, task_id: str, workspace: str | None, repo: s
     if repo:
         dest = Path(config.data_dir).resolve() / "workspaces" / task_id
         dest.parent.mkdir(parents=True, exist_ok=True)
-        p = subprocess.run(["git", "clone", "-q", repo, str(dest)], capture_output=True, text=True, timeout=600)
-        if p.returncode != 0:
-            raise ConstraintError("repo", f"cannot clone {repo!r}: {p.stderr.strip()}")
+        try:
+            clone(repo, dest, timeout=CLONE_TIMEOUT_S)
+        except GitError as e:
+            raise ConstraintError("repo", f"cannot clone {repo!r}: {e.reason}") from None
         return str(dest)
     if workspace is None:
         dest = Path(config.data_dir).resolve() / "workspaces" / task_id

@@ -14,6 +14,7 @@ by `openglm deploy`. `engine_config` is the one place an `EngineConfig` is built
     num_kv_blocks: 2048                   # openglm's pool size (GPU engines size theirs from memory)
     quantization: fp8                     # none | fp8 | int8 (weight-only)
     dtype: bfloat16
+    device: cpu                           # cpu | cuda | cuda:N (openglm's engine on one process; docs/gpu.md)
     session_cache: {enabled: true, ttl_s: 600}   # prefix cache across turns, idle blocks kept ttl_s seconds
     speculative: {method: mtp, num_speculative_tokens: 1}   # GLM's MTP layer (openglm: one process only)
     tool_call_parser: glm45
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from openglm.engine.config import EngineConfig
+from openglm.engine.config import DEVICE, EngineConfig
 from openglm.model.parallel import ParallelLayout
 
 
@@ -70,6 +71,7 @@ class DeployConfig:
     num_kv_blocks: int = 2048
     quantization: str | None = None
     dtype: str = "float32"
+    device: str = "cpu"
     session_cache: SessionCache = field(default_factory=SessionCache)
     speculative: Speculative | None = None
     tool_call_parser: str | None = None
@@ -86,6 +88,8 @@ class DeployConfig:
             raise DeployConfigError(f"quantization must be none, fp8 or int8, got {self.quantization!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise DeployConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):
+            raise DeployConfigError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
 
     @property
     def layout(self) -> ParallelLayout:
@@ -157,7 +161,7 @@ def engine_config(cfg: DeployConfig, world: int = 1) -> EngineConfig:
     return EngineConfig(block_size=cfg.block_size, num_kv_blocks=cfg.num_kv_blocks, max_num_seqs=cfg.max_num_seqs,
                         max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
                         enable_prefix_caching=cfg.session_cache.enabled, session_ttl=cfg.session_cache.ttl_s,
-                        quantization=cfg.quantization, dtype=cfg.dtype, num_speculative_tokens=spec)
+                        quantization=cfg.quantization, dtype=cfg.dtype, num_speculative_tokens=spec, device=cfg.device)
 
 
 def unused_fields(cfg: DeployConfig, world: int = 1) -> list[str]:

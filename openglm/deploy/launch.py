@@ -35,6 +35,9 @@ def build_engine(cfg: DeployConfig) -> LLMEngine | ModelRunner:
     config = engine_config(cfg, world)
     if world == 1:
         return LLMEngine.from_pretrained(path, config)
+    if config.device != "cpu":
+        raise ValueError(f"device {config.device!r}: tensor/expert-parallel serving runs on the CPU (gloo); a GPU "
+                         "serves one process")
     if not dist.is_initialized():
         # gloo: openglm's engine runs on the CPU (GPU serving is the vLLM/SGLang hand-off)
         dist.init_process_group("gloo", timeout=IDLE_TIMEOUT)

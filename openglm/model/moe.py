@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from openglm.model import fast
+from openglm.model import fast, gpu
 from openglm.model.config import ModelConfig
 from openglm.model.router import Router, balance_losses
 
@@ -50,6 +50,10 @@ class Experts(nn.Module):
 
     def forward(self, x, indices, weights, capacity: int | None = None, ops: fast.Reference | None = None):
         """x [N,H]; indices/weights [N,k]. Returns (out [N,H], number of dropped assignments)."""
+        if capacity is None and gpu.wanted(x):  # CUDA: Triton experts (model/gpu.py); None: they do not apply
+            out = gpu.experts_forward(self, x, indices, weights)
+            if out is not None:
+                return out, 0
         ops = ops or fast.choose(x)
         N, k = indices.shape
         E = self.gate_up_proj.shape[0]

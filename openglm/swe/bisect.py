@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
-from openglm.swe.gitutil import git
+from openglm.util.git import git, run_git
 
 
 def bisect(repo: str | Path, good: str, command: str, bad: str = "HEAD", timeout: float = 1800) -> dict:
@@ -22,8 +21,9 @@ def bisect(repo: str | Path, good: str, command: str, bad: str = "HEAD", timeout
     git(repo, "worktree", "add", "--quiet", "--detach", str(tree), bad_sha)
     try:
         git(tree, "bisect", "start", bad_sha, good_sha)
-        proc = subprocess.run(["git", "bisect", "run", "sh", "-c", command], cwd=tree, text=True,
-                              capture_output=True, timeout=timeout)
+        proc = run_git(["bisect", "run", "sh", "-c", command], tree, timeout=timeout, text=True)
+        if proc.timed_out:
+            raise TimeoutError(f"git bisect run `{command}` did not finish in {timeout:g}s (killed)")
         log = proc.stdout + proc.stderr
         m = re.search(r"^([0-9a-f]{40}) is the first bad commit", log, re.M)
         result = {"repo": str(repo), "good": good_sha, "bad": bad_sha, "command": command,

@@ -8,11 +8,13 @@ using), so the diff includes edits made outside the agent and new files; the tas
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 
+from openglm.util.git import run_git
+
 MAX_DIFF = 400_000  # characters of patch text sent to the page
+GIT_TIMEOUT_S = 120
 
 
 class DiffError(RuntimeError):
@@ -20,10 +22,10 @@ class DiffError(RuntimeError):
 
 
 def _git(env, cwd, *args) -> str:
-    p = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, timeout=120)
-    if p.returncode != 0:
-        raise DiffError(f"git {args[0]}: {p.stderr.decode(errors='replace').strip()}")
-    return p.stdout.decode("utf-8", "replace")
+    p = run_git(args, cwd, env=env, timeout=GIT_TIMEOUT_S, text=True)
+    if not p.ok:
+        raise DiffError(f"git {args[0]}: {p.stderr.strip() or f'no answer in {GIT_TIMEOUT_S}s'}")
+    return p.stdout
 
 
 def snapshot_vs_workspace(git_dir: Path, workspace: str, snapshot: str) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 
 class ModelError(RuntimeError):
@@ -52,13 +53,16 @@ class ModelResponse:
         return cls(**{**d, "tool_calls": calls})
 
 
-class Model:
-    """Interface. `name` is recorded with every response."""
+class Model(Protocol):
+    """What the step loop asks for the next action. The clients (OpenAI-compatible, replay), FallbackModel
+    and the hook layers' model wrappers are all Models; `name` is recorded with every response."""
 
     name: str = "model"
 
     def query(self, messages: list[dict], tools: list[dict] | None = None) -> ModelResponse:
-        raise NotImplementedError
+        """The model's next turn for the conversation `messages`, offered `tools` (OpenAI tool specs).
+        Raises ModelError when no answer comes (ContextOverflowError: the conversation does not fit)."""
+        ...
 
 
 def estimate_tokens(messages: list[dict]) -> int:

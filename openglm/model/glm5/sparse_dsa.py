@@ -21,6 +21,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from openglm.model import gpu
 from openglm.model.native import check, dsa_kernels, ptr
 from openglm.model.sparse import DEFAULT_BUDGET, check_qkv, needs_grad
 from openglm.model.sparse_patterns import SparsePattern, allowed, key_positions
@@ -79,7 +80,7 @@ def index_scores(index_q, index_k_t, weights, scale: float, score_dtype=torch.fl
     With a `Scratch`, the intermediates (and the result) live in its reused buffers."""
     b, nq, hi, di = index_q.shape
     tk = index_k_t.shape[-1]
-    scratch = scratch or Scratch()
+    scratch = scratch or Scratch(index_q.device)
     q = index_q.reshape(b, nq * hi, di).to(score_dtype)
     # one [Q*Hi, Di] x [Di, Tk] product per sequence; the scale is applied after the relu
     sc = torch.bmm(q, index_k_t, out=scratch.take("heads", (b, nq * hi, tk), score_dtype)).relu_()
@@ -96,9 +97,10 @@ class Scratch:
     at 32K was 2.6x fused SDPA's while far less was live). A buffer is allocated once, at the largest size
     the caller announces (`reserve`), and each block takes a view of its front."""
 
-    def __init__(self):
+    def __init__(self, device=None):
         self._bufs: dict[str, torch.Tensor] = {}
         self._sizes: dict[str, int] = {}
+        self.device = device
 
     def reserve(self, name: str, numel: int) -> None:
         self._sizes[name] = max(self._sizes.get(name, 0), numel)
@@ -107,7 +109,7 @@ class Scratch:
         n = math.prod(shape)
         buf = self._bufs.get(name)
         if buf is None or buf.numel() < n or buf.dtype != dtype:
-            buf = self._bufs[name] = torch.empty(max(n, self._sizes.get(name, 0)), dtype=dtype)
+            buf = self._bufs[name] = torch.empty(max(n, self._sizes.get(name, 0)), dtype=dtype, device=self.device)
         return buf[:n].view(shape)
 
 
@@ -213,8 +215,8 @@ class _Selector:
         self.kpos = self.valid = None
         if not self.plain:
             self.kpos, self.valid = key_positions(key_mask, key_pos, b, tk, device=index_k.device)
-        self.scratch = Scratch()
-        self.lib = dsa_kernels()
+        self.scratch = Scratch(index_k.device)
+        self.lib = dsa_kernels() if index_k.device.type == "cpu" else None  # the C kernels read CPU memory
         self.padded = self.tiles = None  # built on the first block that needs them (never for a decode step)
         width = tk + (-tk % self.tile)  # the scored range, in whole tiles
         if self.lib is not None:  # fp32 score rows, and per-head scores of one key tile
@@ -346,6 +348,8 @@ def gather_attention(q, k, v, topk_idx, *, scale: float | None = None,
     lo, hi = torch.stack(torch.aminmax(topk_idx)).tolist() if topk_idx.numel() else (0, -1)
     if hi >= tk:  # the native kernels would read past the cache
         raise IndexError(f"topk_idx holds slot {hi}, but there are only {tk} keys")
+    if gpu.wanted(q):  # CUDA: the Triton sparse MLA kernel (model/gpu.py)
+        return gpu.gather_attention(q, k, v, topk_idx, dk ** -0.5 if scale is None else scale)
     return _attend_slots(q, k, v, topk_idx, dk ** -0.5 if scale is None else scale, budget_bytes, sorted_slots,
                          needs_grad(q, k, v),
                          complete=lo >= 0)
@@ -359,7 +363,7 @@ def _attend_slots(q, k, v, topk_idx, scale: float, budget_bytes: int, sorted_slo
     tk = k.shape[2]
     # A CSR row cannot hold more entries than the matrix has columns (padding entries repeat slot 0).
     if (grad or tq <= FEW_QUERIES or q.dtype != torch.float32 or k.dtype != torch.float32
-            or topk_idx.shape[-1] > tk):
+            or topk_idx.shape[-1] > tk or q.device.type != "cpu"):  # (the key-major paths are CPU kernels)
         out = _gathered_attend(q, k, v, topk_idx, scale, budget_bytes, grad, complete)
         if complete:
             return out
@@ -574,6 +578,11 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
     index_scale = _check_scale(di ** -0.5 if index_scale is None else index_scale)
     past = tk - tq
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if gpu.wanted(q):  # CUDA: Triton indexer + sparse MLA attention (model/gpu.py); None: they do not apply
+        out = gpu.dsa_attention(q, k, v, index_q, index_k, weights, topk, scale=scale, index_scale=index_scale,
+                                key_mask=key_mask, key_pos=key_pos, score_dtype=score_dtype, return_slots=return_slots)
+        if out is not None:
+            return out
     grad = needs_grad(q, k, v)
     index_q, weights, index_k = index_q.detach(), weights.detach(), index_k.detach()  # the selection has no gradient
     select = _Selector(index_k, key_mask, key_pos, index_scale, topk, score_dtype,
@@ -581,7 +590,7 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
     block, n_top = select.block, select.n_top
     # Attention runs on chunks of several indexer blocks: each head's keys are then reused by the whole chunk
     # while they are in cache; the chunk's selected pairs cost chunk x k x (NATIVE_)PAIR_BYTES.
-    native = dsa_kernels() is not None and value_dtype == torch.float32 and not grad
+    native = dsa_kernels() is not None and value_dtype == torch.float32 and not grad and q.device.type == "cpu"
     chunk = block if query_chunk else max(block, _pair_block(n_top, tq, budget_bytes, native) // block * block)
     if value_dtype != torch.float32 and not grad:
         v = v.to(value_dtype)  # one O(N) cast, not one per block
