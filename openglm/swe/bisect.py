@@ -183,7 +183,8 @@ def _step_script(work: Path, command: str, carried: list[str]) -> Path:
     quoted = " ".join(shlex.quote(p) for p in carried)
     stash = shlex.quote(str(work / "carried"))
     codes = "|".join(str(c) for c in SKIP_CODES)
-    put = f'for f in {quoted}; do mkdir -p "$(dirname "$f")" && rm -f "$f" && cp -pP {stash}/"$f" "$f" || exit 128; done'
+    put = (f'for f in {quoted}; do mkdir -p "$(dirname "$f")" && rm -f "$f" && cp -pP {stash}/"$f" "$f" || exit 128; '
+           'done')
     take = f'for f in {quoted}; do git checkout --quiet HEAD -- "$f" 2>/dev/null || rm -f "$f"; done'
     script = f"""\
 {put if carried else ":"}

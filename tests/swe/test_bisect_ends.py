@@ -79,7 +79,8 @@ def test_revisions_where_the_command_cannot_run_are_skipped_not_bad(make_repo, c
     """Commits 2 and 3 lack the test (script or test file): could-not-run there is a skip. Counted as bad,
     as before, they made commit 2 the answer."""
     if how == "shell 127":
-        files, rel, cmd = {"check.sh": "python3 -c 'import lib, sys; sys.exit(lib.f() != 1)'\n"}, "check.sh", "./check.sh"
+        check = "python3 -c 'import lib, sys; sys.exit(lib.f() != 1)'\n"
+        files, rel, cmd = {"check.sh": check}, "check.sh", "./check.sh"
     else:
         files, rel, cmd = {"tests/test_lib.py": REGRESSION}, "tests/test_lib.py", f"{PYTEST} tests/test_lib.py"
     saved = {}
