@@ -41,10 +41,11 @@ def bisect(repo: str | Path, good: str, command: str, bad: str = "HEAD", timeout
     repo = Path(repo).resolve()
     good_sha = git(repo, "rev-parse", good).strip()
     bad_sha = git(repo, "rev-parse", bad).strip()
-    carried = uncommitted_files(repo, command)
+    top = Path(git(repo, "rev-parse", "--show-toplevel").strip())  # the command runs at the worktree's top
+    carried = uncommitted_files(top, command)
     work = Path(tempfile.mkdtemp(prefix="openglm-bisect-"))
     tree = work / "tree"
-    step = _step_script(work, command, _stash(repo, carried, work / "carried"))
+    step = _step_script(work, command, _stash(top, carried, work / "carried"))
     deadline = time.monotonic() + timeout
     git(repo, "worktree", "add", "--quiet", "--detach", str(tree), bad_sha)
     try:
@@ -94,7 +95,8 @@ def _check_ends(tree: Path, step: Path, good: tuple[str, str], bad: tuple[str, s
         if skipped:
             code = int(skipped.group(1))
             raise BisectRefused(f"the command cannot run at {at}: exit {code} ({SKIP_CODES[code]}){_last_line(out)}; "
-                                "is everything it needs committed, or named in the command?")
+                                "does every file it needs exist at that revision? (uncommitted files it names "
+                                "are copied in)")
         if end == "bad" and r.returncode == 0:
             raise BisectRefused(f"the command passes at {at}: nothing to bisect (it must fail at the bad end)")
         if end == "good" and r.returncode != 0:

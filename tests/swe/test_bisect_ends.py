@@ -137,3 +137,11 @@ def test_cli_refusal_is_one_line_and_exit_2(make_repo, commit_all, capsys):
     assert main(["bisect", str(repo), "--good", good, "--cmd", "true"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("openglm bisect: the command passes at --bad HEAD") and len(err.splitlines()) == 1
+
+
+def test_a_repository_given_by_a_subfolder_carries_paths_from_its_top(make_repo, commit_all):
+    repo, good, shas = history(make_repo, commit_all, {"src/keep.txt": "x\n"})
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_regress.py").write_text(REGRESSION)
+    result = bisect(repo / "src", good, f"{PYTEST} tests/test_regress.py")  # paths in the command: from the top
+    assert result["first_bad_commit"] == shas[3] and result["carried"] == ["tests/test_regress.py"]
