@@ -112,6 +112,9 @@ def register_serve(subparsers):
     p.add_argument("--num-speculative-tokens", type=int, default=0, metavar="K",
                    help="self-speculative decoding: draft tokens the checkpoint's MTP (next-n) layer proposes per "
                         "decode step, verified in one forward (0: off; greedy output is unchanged)"+D)
+    p.add_argument("--json-whitespace", choices=["compact", "flexible"], default=DEPLOY["json_whitespace"],
+                   help="whitespace between the JSON tokens of constrained output (response_format, tool-call "
+                        "arguments): none, or any run of it; a request's structured_outputs overrides it"+D)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     p.add_argument("--log-level", default="info", help="uvicorn log level: debug, info, warning, error"+D)
     p.set_defaults(func=serve)
@@ -142,7 +145,7 @@ def serve_config(args) -> DeployConfig:
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, quantization=None if args.quantization == "none" else args.quantization,
         dtype=args.dtype, device=args.device, session_cache=SessionCache(not args.no_prefix_caching, args.session_ttl),
-        speculative=Speculative(num_speculative_tokens=k) if k else None)
+        speculative=Speculative(num_speculative_tokens=k) if k else None, json_whitespace=args.json_whitespace)
 
 
 def serve(args) -> int:

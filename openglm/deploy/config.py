@@ -76,6 +76,7 @@ class DeployConfig:
     speculative: Speculative | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    json_whitespace: str = "compact"  # between the JSON tokens of constrained output: none, or any run of it
 
     def __post_init__(self):
         for name in ("port", "max_num_batched_tokens", "max_num_seqs", "block_size", "num_kv_blocks"):
@@ -88,6 +89,8 @@ class DeployConfig:
             raise DeployConfigError(f"quantization must be none, fp8 or int8, got {self.quantization!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise DeployConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.json_whitespace not in ("compact", "flexible"):
+            raise DeployConfigError(f"json_whitespace must be compact or flexible, got {self.json_whitespace!r}")
         if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):
             raise DeployConfigError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
 

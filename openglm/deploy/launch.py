@@ -64,7 +64,8 @@ def serve(cfg: DeployConfig, api_key: str | None, limits: ServerLimits, public_m
     ranks = dist.get_world_size() if dist.is_initialized() else 1
     for note in unused_fields(cfg, ranks):
         print(f"openglm serve: note: {note}", file=sys.stderr)
-    app = create_app(built, cfg.name, api_key=api_key, public_metrics=public_metrics, limits=limits)
+    app = create_app(built, cfg.name, api_key=api_key, public_metrics=public_metrics, limits=limits,
+                     json_whitespace=cfg.json_whitespace)
     print(f"openglm serve: {cfg.name} on http://{cfg.host}:{cfg.port} (layout {cfg.layout}, {ranks} rank(s); "
           f"{cfg.num_kv_blocks} KV blocks x {cfg.block_size} tokens, max_model_len {built.max_model_len})", flush=True)
     try:

@@ -53,7 +53,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.self_attn = family_of(cfg.model_type).attention(cfg, layer_idx)
-        self.mlp = MoE(cfg) if cfg.mlp_layer_types[layer_idx] == "sparse" else MLP(cfg)
+        self.mlp = MoE(cfg, layer_idx) if cfg.mlp_layer_types[layer_idx] == "sparse" else MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -64,7 +64,7 @@ class DecoderLayer(nn.Module):
         x = ops.norm(self.post_attention_layernorm, h)
         stats = None
         if isinstance(self.mlp, MoE):
-            m, stats = self.mlp(x, token_mask, with_stats, ops)
+            m, stats = self.mlp(x, token_mask, with_stats, cache, ops)
         else:
             m = self.mlp(x, ops)
         return h + m, selection, stats

@@ -18,6 +18,7 @@ from torch import nn
 
 from openglm.model import fast, gpu
 from openglm.model.config import ModelConfig
+from openglm.model.context_router import ContextRouter
 from openglm.model.router import Router, balance_losses
 
 ACT = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
@@ -102,12 +103,12 @@ class LayerStats:
 
 
 class MoE(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
         super().__init__()
         self.n_experts, self.top_k = cfg.n_routed_experts, cfg.num_experts_per_tok
         self.capacity_factor = cfg.capacity_factor
         self.experts = Experts(cfg)
-        self.gate = Router(cfg)
+        self.gate = Router(cfg) if cfg.router_context == "none" else ContextRouter(cfg, layer_idx)
         self.shared_experts = (MLP(cfg, cfg.moe_intermediate_size * cfg.n_shared_experts)
                                if cfg.n_shared_experts > 0 else None)
         self.stats_reduce = None  # data-parallel training sets it: balance losses over the global batch
@@ -117,13 +118,14 @@ class MoE(nn.Module):
             return None
         return max(1, math.ceil(self.capacity_factor * n_tokens * self.top_k / self.n_experts))
 
-    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None, with_stats: bool = False,
+    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None, with_stats: bool = False, cache=None,
                 ops: fast.Reference | None = None):
-        """x [B,T,H]; token_mask [B*T] bool (real tokens) or None. Returns (out, LayerStats | None)."""
+        """x [B,T,H]; token_mask [B*T] bool (real tokens) or None; cache: the KV cache (a context-aware router
+        keeps its per-token state there); ops: the forward's paths. Returns (out, LayerStats | None)."""
         ops = ops or fast.choose(x)
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        r = self.gate(flat, with_probs=with_stats)
+        r = self.gate(flat, with_probs=with_stats, extra_logits=self.gate.context(x, token_mask, cache))
         out, dropped = self.experts(flat, r.indices, r.weights, self.capacity(flat.shape[0]), ops)
         if self.shared_experts is not None:
             out = out + self.shared_experts(flat, ops)

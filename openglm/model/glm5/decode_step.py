@@ -10,7 +10,8 @@ each MLA layer (kinds `dsa` and `dense`, own or shared indexer; dense MLP or MoE
   ffn_decode:        router and routed experts, shared experts (or the dense MLP), residual.
 The caches provide the rows (`decode_layout`: DynamicCache's buffers, the engine's paged pool without its gather).
 Exact ties at an indexer's k-th score are left to torch.topk, as on the torch path. Anything else (training,
-statistics, GQA, sparse patterns, capacity limits, fp8 or fp16 weights, no C compiler) takes the torch path.
+statistics, GQA, sparse patterns, capacity limits, context-aware routers, fp8 or fp16 weights, no C compiler)
+takes the torch path.
 """
 
 from __future__ import annotations
@@ -145,6 +146,8 @@ def _ffn_params(layer) -> tuple[FfnLayerC, list[torch.Tensor]]:
         gate, experts = mlp.gate, mlp.experts
         if type(experts) is not Experts or mlp.capacity_factor is not None or experts.act is not F.silu:
             raise Unsupported("capacity or activation")
+        if gate.has_context:
+            raise Unsupported("context-aware router")
         gu, dn = kernel_weight(experts.gate_up_proj), kernel_weight(experts.down_proj)
         if gu is None or dn is None or gu[2] != dn[2] or not all(t.is_contiguous() for t in (gu[0], dn[0])):
             raise Unsupported("expert weights")
