@@ -46,7 +46,7 @@ def prompts():
 @pytest.fixture(scope="module")
 def reference(checkpoint, prompts):
     """The model's own greedy continuation of each prompt: the whole sequence through `forward` every token."""
-    from openglm.model import load_model, save_pretrained
+    from openglm.model import load_model
 
     model = load_model(str(checkpoint), dtype=torch.float32).eval()
     out = []
