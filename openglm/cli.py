@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 # Error types of the areas that mean "bad input or environment", looked up only if their module was
 # imported by the command that failed (so this module imports no area).
 USER_ERROR_TYPES = [("openglm.client", "GLMClientError"), ("openglm.agent.store.base", "StoreError"),
-                    ("openglm.agent.snapshot", "SnapshotError"), ("openglm.swe.gitutil", "GitError")]
+                    ("openglm.agent.snapshot", "SnapshotError"), ("openglm.util.git", "GitError")]
 
 
 def is_user_error(e: Exception) -> bool:

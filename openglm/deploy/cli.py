@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import ipaddress
 import os
 import shlex
 import shutil
@@ -19,6 +18,7 @@ from pathlib import Path
 from openglm.deploy.config import (OPENGLM_DEFAULTS, DeployConfig, DeployConfigError, SessionCache, Speculative,
                                    load_deploy_config)
 from openglm.server.limits import ServerLimits
+from openglm.util.auth import is_loopback
 
 KEY_ENV = "OPENGLM_API_KEY"
 
@@ -46,15 +46,6 @@ def resolve_api_key(args) -> str | None:
             raise KeySetupError(f"${KEY_ENV} is set but empty: unset it to serve without a key, or give it a value")
         return key
     return None
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a hostname: it may resolve to anything
-        return False
 
 
 D = " (default %(default)s)"
@@ -121,9 +112,15 @@ def register_serve(subparsers):
                    help="weight-only quantisation (int8 read in place by the decode kernels, fp8 dequantised per op)"+D)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="weight and compute dtype" + own("dtype"))
+    p.add_argument("--device", default=DEPLOY["device"], metavar="DEVICE",
+                   help="cpu, cuda or cuda:N: where the weights, the paged KV cache and the steps run; on CUDA the "
+                        "MoE experts and DSA attention run Triton kernels (the `gpu` extra; docs/gpu.md)"+D)
     p.add_argument("--num-speculative-tokens", type=int, default=0, metavar="K",
                    help="self-speculative decoding: draft tokens the checkpoint's MTP (next-n) layer proposes per "
                         "decode step, verified in one forward (0: off; greedy output is unchanged)"+D)
+    p.add_argument("--json-whitespace", choices=["compact", "flexible"], default=DEPLOY["json_whitespace"],
+                   help="whitespace between the JSON tokens of constrained output (response_format, tool-call "
+                        "arguments): none, or any run of it; a request's structured_outputs overrides it"+D)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     p.add_argument("--log-level", default="info", help="uvicorn log level: debug, info, warning, error"+D)
     p.set_defaults(func=serve)
@@ -153,8 +150,8 @@ def serve_config(args) -> DeployConfig:
         host=args.host, port=args.port, max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, quantization=None if args.quantization == "none" else args.quantization,
-        dtype=args.dtype, session_cache=SessionCache(not args.no_prefix_caching, args.session_ttl),
-        speculative=Speculative(num_speculative_tokens=k) if k else None)
+        dtype=args.dtype, device=args.device, session_cache=SessionCache(not args.no_prefix_caching, args.session_ttl),
+        speculative=Speculative(num_speculative_tokens=k) if k else None, json_whitespace=args.json_whitespace)
 
 
 def serve(args) -> int:
@@ -171,7 +168,13 @@ def serve(args) -> int:
     import torch
 
     from openglm.deploy.launch import serve as serve_deployment
+    from openglm.engine.config import resolve_device
 
+    try:
+        resolve_device(cfg.device)  # before loading anything: a missing GPU is named in one line
+    except ValueError as exc:
+        print(f"openglm serve: {exc}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     return serve_deployment(cfg, api_key, limits, public_metrics=args.public_metrics, log_level=args.log_level)

@@ -16,6 +16,7 @@ by `openglm deploy`. `engine_config` is the one place an `EngineConfig` is built
     num_kv_blocks: 2048                   # openglm's pool size (GPU engines size theirs from memory)
     quantization: fp8                     # none | fp8 | int8 (weight-only)
     dtype: bfloat16
+    device: cpu                           # cpu | cuda | cuda:N (openglm's engine on one process; docs/gpu.md)
     session_cache: {enabled: true, ttl_s: 600}   # prefix cache across turns, idle blocks kept ttl_s seconds
     speculative: {method: mtp, num_speculative_tokens: 1}   # GLM's MTP layer (openglm: one process only)
     tool_call_parser: glm47               # default: the family's recipe
@@ -32,13 +33,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
-from typing import TYPE_CHECKING
-
 from openglm.deploy.recipes import RECIPES, gpu_memory_gb
-from openglm.engine.config import EngineConfig
+from openglm.engine.config import DEVICE, EngineConfig
 
 if TYPE_CHECKING:
     from openglm.model.parallel import ParallelLayout
@@ -84,10 +84,12 @@ class DeployConfig:
     num_kv_blocks: int | None = None
     quantization: str | None = None
     dtype: str | None = None
+    device: str = "cpu"
     session_cache: SessionCache = field(default_factory=SessionCache)
     speculative: Speculative | None = None
     tool_call_parser: str | None = None  # None: the family's recipe (hand-off only)
     reasoning_parser: str | None = None
+    json_whitespace: str = "compact"  # between the JSON tokens of constrained output: none, or any run of it
     family: str | None = None  # a GLM family of deploy.recipes; None: found from the model
     gpu: str | None = None  # the GPU the hand-off's layout must fit: H200, B200, ... or "96GB"
 
@@ -102,6 +104,10 @@ class DeployConfig:
             raise DeployConfigError(f"quantization must be none, fp8 or int8, got {self.quantization!r}")
         if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise DeployConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.json_whitespace not in ("compact", "flexible"):
+            raise DeployConfigError(f"json_whitespace must be compact or flexible, got {self.json_whitespace!r}")
+        if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):
+            raise DeployConfigError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.family is not None and self.family not in RECIPES:
             raise DeployConfigError(f"family {self.family!r} is not one openglm has a recipe for "
                                     f"({', '.join(RECIPES)})")
@@ -197,7 +203,7 @@ def engine_config(cfg: DeployConfig, world: int = 1) -> EngineConfig:
                         max_num_seqs=cfg.own("max_num_seqs"), max_num_batched_tokens=cfg.own("max_num_batched_tokens"),
                         max_model_len=cfg.max_model_len, enable_prefix_caching=cfg.session_cache.enabled,
                         session_ttl=cfg.session_cache.ttl_s, quantization=cfg.quantization, dtype=cfg.own("dtype"),
-                        num_speculative_tokens=spec)
+                        num_speculative_tokens=spec, device=cfg.device)
 
 
 def unused_fields(cfg: DeployConfig, world: int = 1) -> list[str]:
