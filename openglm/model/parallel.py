@@ -19,7 +19,7 @@ import torch
 
 from openglm.model.config import ModelConfig
 from openglm.model.errors import ConfigError
-from openglm.model.families import build_model
+from openglm.model.model import build_model
 
 LONG_NAMES = {"data_parallel": "dp", "expert_parallel": "ep", "tensor_parallel": "tp", "pipeline_parallel": "pp"}
 

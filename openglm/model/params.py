@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from openglm.model.config import ModelConfig
-from openglm.model.families import build_model
+from openglm.model.model import build_model
 
 COMPONENTS = (  # (name, predicate on the parameter name), first match wins; see `_component`
     ("mtp (next-n)", lambda n: ".mtp_layers." in n),

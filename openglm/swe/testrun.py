@@ -12,13 +12,13 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from openglm.swe.logparse import parse_unittest_log
+from openglm.util import proc
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # makes `openglm` importable in the child
 
@@ -83,13 +83,11 @@ def child_env(repo: Path, pythonpath: list[str] | None = None, extra: dict | Non
 
 
 def _run_into(run: TestRun, cmd: list[str], repo: Path, env: dict, timeout: float) -> None:
-    """Run `cmd` in `repo`, recording its combined output and exit status (-9 on timeout) in `run`."""
-    try:
-        proc = subprocess.run(cmd, cwd=repo, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
-        run.output, run.returncode = proc.stdout, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        run.output, run.returncode, run.timed_out = (e.stdout or b"").decode(errors="replace"), -9, True
+    """Run `cmd` in `repo`, recording its combined output and exit status (-9 on timeout: the test run
+    and everything it started are killed) in `run`."""
+    result = proc.run(cmd, cwd=repo, env=env, timeout=timeout, merge_stderr=True)
+    run.output, run.timed_out = result.stdout, result.timed_out
+    run.returncode = -9 if result.timed_out else result.returncode
 
 
 def run_pytest(repo: str | Path, targets: list[str], *, python: str = sys.executable,

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from openglm.retrieval.spans import python_files
 from openglm.swe.testrun import run_pytest, run_unittest
+from openglm.util.git import run_git
 
 
 @dataclass
@@ -22,9 +22,8 @@ class VerifyConfig:
 
 def changed_python_files(repo: Path) -> list[str] | None:
     """Python files differing from HEAD (tracked changes + untracked), or None outside git."""
-    proc = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo,
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
+    proc = run_git(["status", "--porcelain", "--untracked-files=all"], repo, text=True)
+    if not proc.ok:
         return None
     files = []
     for line in proc.stdout.splitlines():

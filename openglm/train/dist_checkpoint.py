@@ -22,7 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from openglm.model.errors import CheckpointError
-from openglm.model.families import build_model
+from openglm.model.model import build_model
 from openglm.train.checkpoint import save_checkpoint
 from openglm.train.parallelize import TrainParallel
 

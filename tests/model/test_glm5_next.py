@@ -166,7 +166,7 @@ def test_pooled_selection_equals_the_transformers_indexer(kpool, tail):
     from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextIndexer
 
     from openglm.model.glm5_next.attention import PooledIndexer
-    from openglm.model.sparse_dsa import pooled_topk_slots
+    from openglm.model.glm5.sparse_dsa import pooled_topk_slots
 
     cfg = config(index_kpool=kpool, index_topk=2 * kpool, index_kpool_always_select_tail=tail, index_n_heads=2)
     torch.manual_seed(kpool)
@@ -231,9 +231,9 @@ def test_next_n_layer_is_stored_after_the_decoder_layers_and_trains(tmp_path):
     loaded = load_model(tmp_path / "c")
     ids = torch.randint(3, 256, (2, 20))
     with torch.no_grad():
-        a, b = ours(ids, return_mtp=True), loaded(ids, return_mtp=True)
+        a, b = ours(ids, mtp=True), loaded(ids, mtp=True)
     assert torch.equal(a.logits, b.logits) and torch.equal(a.mtp_logits, b.mtp_logits)
-    out = ours.train()(ids, return_mtp=True, return_aux=True)
+    out = ours.train()(ids, mtp=True, aux=True)
     (out.logits.logsumexp(-1).mean() + out.mtp_logits.logsumexp(-1).mean()).backward()
     assert ours.model.mtp_layers[0].self_attn.q_a_proj.weight.grad.abs().sum() > 0
 

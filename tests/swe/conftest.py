@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from openglm.swe.gitutil import git, init_repo, unified_diff
+from openglm.util.git import git, init_repo, unified_diff
 
 
 def write_files(root: Path, files: dict[str, str]) -> None:

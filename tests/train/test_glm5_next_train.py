@@ -37,7 +37,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
     vocab = plain.config.vocab_size
     ids = torch.randint(0, vocab, (2, 40))
     for m in (plain, checked):
-        out = m(ids[:, :-1], return_aux=True)
+        out = m(ids[:, :-1], aux=True)
         loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, vocab), ids[:, 1:].reshape(-1))
         (loss + out.aux.aux_loss).backward()
     grads = dict(plain.named_parameters())

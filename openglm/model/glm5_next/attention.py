@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from openglm.model.attention import MLAttention
+from openglm.model.glm5.mla import MLAttention
 from openglm.model.attend import attend_latent
 from openglm.model.config import ModelConfig
-from openglm.model.indexer import Indexer
-from openglm.model.sparse_dsa import gather_attention, pooled_topk_slots
+from openglm.model.glm5.indexer import Indexer
+from openglm.model.glm5.sparse_dsa import gather_attention, pooled_topk_slots
 
 
 class PooledIndexer(Indexer):

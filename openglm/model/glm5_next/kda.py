@@ -31,10 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from openglm.model import fast
 from openglm.model.config import ModelConfig
 from openglm.model.moe import ACT
-from openglm.model.native import linear
-from openglm.model.weights import derived_weight
 
 CHUNK = 64  # tokens per chunk of `kda_chunked`
 SUB_CHUNK = 16  # tokens between the boundaries the decay factors inside a chunk are taken through
@@ -202,14 +201,17 @@ class LinearAttention(nn.Module):
         self.o_proj = nn.Linear(H * d, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, state: LinearState | None = None, token_valid: torch.Tensor | None = None,
-                return_state: bool = False):
+                return_state: bool = False, ops: fast.Reference | None = None):
         """x [B, T, hidden] (normed); state: the sequences' state before these tokens (None: fresh sequences);
         token_valid [B, T] bool (None: no padding): padding tokens are zeroed, so (left) padding leaves the state
-        as it was. Returns (output [B, T, hidden], the state after these tokens, or None unless return_state)."""
+        as it was; ops: the forward's paths (`fast.choose`). Returns (output [B, T, hidden], the state after these
+        tokens, or None unless return_state)."""
+        ops = ops or fast.choose(x)
         B, T, _ = x.shape
         if token_valid is not None:
             x = x * token_valid[..., None].to(x.dtype)
-        mixed, conv = self._conv(self._qkv(x), state)
+        qkv = torch.cat(ops.linears(self, "qkv", [self.q_proj, self.k_proj, self.v_proj], x), -1)
+        mixed, conv = self._conv(qkv, state)
         g, beta = self._forget_gate(x), torch.sigmoid(self.b_proj(x).float())
         # The delta rule in fp32 even under bf16 autocast (training): its state accumulates every token.
         with torch.autocast(x.device.type, enabled=False):
@@ -223,21 +225,12 @@ class LinearAttention(nn.Module):
                 o, S = kda_chunked(q, k, v, g, beta, S0)
         gate = self.g_b_proj(self.g_a_proj(x)).view(B, T, self.n_heads, self.head_dim)
         o = self.o_norm(o, gate).to(x.dtype).reshape(B, T, self.width)
-        out = self.o_proj(o) if torch.is_grad_enabled() else linear(o, self.o_proj.weight)
-        return out, (LinearState(S, conv) if return_state else None)
+        return ops.linear(self.o_proj, o), (LinearState(S, conv) if return_state else None)
 
     def empty_state(self, batch: int, dtype: torch.dtype, device=None) -> LinearState:
         """The state of `batch` fresh sequences (what `forward` assumes for state=None)."""
         return LinearState(torch.zeros(batch, self.n_heads, self.head_dim, self.head_dim, device=device),
                            torch.zeros(batch, 3 * self.width, self.kernel - 1, dtype=dtype, device=device))
-
-    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
-        """q | k | v projections [B, T, 3 H d]: one matmul over their stacked weights without autograd."""
-        w = None if torch.is_grad_enabled() else derived_weight(
-            self, "qkv", [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight], lambda *ws: torch.cat(ws))
-        if w is None:
-            return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
-        return linear(x, w)
 
     def _conv(self, qkv: torch.Tensor, state: LinearState | None):
         """The causal depthwise conv (+ activation) over q | k | v, continuing from the state's window. Computed in

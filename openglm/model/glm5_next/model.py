@@ -3,11 +3,12 @@
 Each decoder layer is a KDA linear-attention layer or an indexed (NoPE MLA + pooled DSA) layer, per `layer_types`,
 then a dense or MoE SwiGLU (clamped at `swiglu_limit`), per `mlp_layer_types`; both blocks sit inside
 hyper-connections over `hc_mult` residual streams, whose mean feeds the final norm. The next-n (MTP) layers are
-plain pre-norm blocks (an indexed attention layer with its own indexer, a MoE), as in GLM-5.
+GLM-5's plain pre-norm blocks (`model.NextNLayer`) with this family's indexed attention.
 
-Parameter names are the checkpoints' text-model names under `model.` (on disk `model.language_model.`; see
-glm5_next/checkpoint.py), the routed experts stacked as for every openglm model. Forward has
-`GlmMoeDsaForCausalLM`'s signature; a cache must be a `HybridCache` (`new_cache()`), since KDA layers keep state.
+It is the shared decoder (`model.GlmMoeDsaForCausalLM`: forward, hidden states, logits, next-n heads, statistics)
+with its own layer loop (`_decoder`). Parameter names are the checkpoints' text-model names under `model.` (on disk
+`model.language_model.`; see glm5_next/checkpoint.py). A cache must be a `HybridCache` (`new_cache()`), since KDA
+layers keep state.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import math
 import torch
 from torch import nn
 
+from openglm.model import fast
 from openglm.model import model as base
 from openglm.model.config import ModelConfig
 from openglm.model.glm5_next.attention import IndexedAttention, PooledIndexer
@@ -33,44 +35,37 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.layer_idx, self.linear = layer_idx, cfg.is_linear(layer_idx)
         self.self_attn = LinearAttention(cfg, layer_idx) if self.linear else IndexedAttention(cfg, layer_idx)
-        self.mlp = MoE(cfg) if cfg.mlp_layer_types[layer_idx] == "sparse" else MLP(cfg)
+        self.mlp = MoE(cfg, layer_idx) if cfg.mlp_layer_types[layer_idx] == "sparse" else MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         hc = (cfg.hc_mult, cfg.hidden_size, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
         self.attn_hc = HyperConnection(self, "hc_attn", *hc)
         self.ffn_hc = HyperConnection(self, "hc_ffn", *hc)
 
-    def forward(self, streams, rot, key_valid, past: int, cache, prev_selection, token_mask, with_stats):
+    def forward(self, streams, rot, key_valid, past: int, cache, prev_selection, token_mask, with_stats,
+                ops: fast.Reference):
         """streams [B, T, n, hidden] -> (streams, DSA selection for a following 'shared' layer or None, MoE stats).
-        The signature of GLM-5's decoder layer (`rot` unused: no RoPE), which activation checkpointing relies on."""
+        The signature of the shared decoder layer (`rot` unused: no RoPE), which activation checkpointing relies on."""
         post, comb, x = self.attn_hc.weights(self, streams)
-        x = self.input_layernorm(x)
+        x = ops.norm(self.input_layernorm, x)
         selection = None
         if self.linear:
             state = cache.linear_state(self.layer_idx) if cache is not None else None
             token_valid = None if key_valid is None else key_valid[:, past:]
-            a, state = self.self_attn(x, state, token_valid, return_state=cache is not None)
+            a, state = self.self_attn(x, state, token_valid, cache is not None, ops)
             if cache is not None:
                 cache.set_linear_state(self.layer_idx, state)
         else:
-            a, selection = self.self_attn(x, rot, key_valid, past, cache, prev_selection)
+            a, selection = self.self_attn(x, rot, key_valid, past, cache, prev_selection, ops)
         streams = merge(a, post, comb, streams)
         post, comb, x = self.ffn_hc.weights(self, streams)
-        x = self.post_attention_layernorm(x)
+        x = ops.norm(self.post_attention_layernorm, x)
         stats = None
         if isinstance(self.mlp, MoE):
-            m, stats = self.mlp(x, token_mask, with_stats)
+            m, stats = self.mlp(x, token_mask, with_stats, cache, ops)
         else:
-            m = self.mlp(x)
+            m = self.mlp(x, ops)
         return merge(m, post, comb, streams), selection, stats
-
-
-class NextNLayer(base.NextNLayer):
-    """GLM-5's next-n layer with glm5_next's attention (NoPE, pooled indexer) and clamped MoE; no hyper-connections."""
-
-    def __init__(self, cfg: ModelConfig, index: int):
-        super().__init__(cfg, index)
-        self.self_attn = IndexedAttention(cfg.mtp_config(), cfg.num_hidden_layers + index)
 
 
 class Glm5NextModel(nn.Module):
@@ -79,7 +74,7 @@ class Glm5NextModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mtp_layers = nn.ModuleList(NextNLayer(cfg, i) for i in range(cfg.num_nextn_predict_layers))
+        self.mtp_layers = nn.ModuleList(base.NextNLayer(cfg, i) for i in range(cfg.num_nextn_predict_layers))
 
 
 class Glm5NextForCausalLM(base.GlmMoeDsaForCausalLM):
@@ -101,7 +96,6 @@ class Glm5NextForCausalLM(base.GlmMoeDsaForCausalLM):
             if isinstance(m, LinearAttention):
                 for conv in (m.q_conv1d, m.k_conv1d, m.v_conv1d):
                     conv.reset_parameters()
-                m.o_norm.weight.fill_(1.0)
                 if m.lower_bound is not None:  # the bounded gate's rate starts at 1 (A_log 0)
                     m.A_log.zero_()
                 else:
@@ -120,10 +114,9 @@ class Glm5NextForCausalLM(base.GlmMoeDsaForCausalLM):
                     getattr(m, f"{prefix}_base").zero_()
                     getattr(m, f"{prefix}_scale").fill_(1.0)
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, return_aux=False,
-                logits_to_keep: int = 0, return_hidden: bool = False, return_mtp: bool = False,
-                return_logits: bool = True):
-        """As `GlmMoeDsaForCausalLM.forward` (position_ids only place the next-n layer's inputs: no RoPE)."""
+    def _decoder(self, input_ids, attention_mask, position_ids, cache, with_stats: bool):
+        """The streams through every layer, then their mean: (hidden [B, T, H] before the final norm, the MoE
+        statistics or None, the position ids (they only place the next-n layer's inputs: no RoPE), the paths)."""
         self._check_ids(input_ids)
         B, T = input_ids.shape
         if cache is not None and not hasattr(cache, "linear_state"):
@@ -133,8 +126,11 @@ class Glm5NextForCausalLM(base.GlmMoeDsaForCausalLM):
         if attention_mask is not None and attention_mask.shape != (B, past + T):
             raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected {(B, past + T)} "
                              "([batch, past + new tokens])")
+        if position_ids is None:
+            position_ids = base.default_position_ids(attention_mask, B, past, T, input_ids.device)
         key_valid = key_validity(attention_mask)
         token_mask = attention_mask[:, past:].reshape(-1).bool() if attention_mask is not None else None
+        ops = fast.choose(input_ids, with_stats)  # no native decode step for this family
         h = self.model.embed_tokens(input_ids)
         streams = h.unsqueeze(2).expand(B, T, self.config.hc_mult, h.shape[-1]).contiguous()
         selection, layer_stats = None, []
@@ -142,7 +138,8 @@ class Glm5NextForCausalLM(base.GlmMoeDsaForCausalLM):
             dsa = layer.self_attn.kind == "dsa"
             if dsa and layer.self_attn.indexer is not None:
                 selection = None  # a layer with its own indexer selects anew: free the old slots first
-            streams, sel, stats = layer(streams, None, key_valid, past, cache, selection, token_mask, return_aux)
+            streams, sel, stats = layer(streams, None, key_valid, past, cache, selection, token_mask, with_stats,
+                                        ops)
             if dsa:
                 selection = sel
             if stats is not None:
@@ -150,37 +147,15 @@ class Glm5NextForCausalLM(base.GlmMoeDsaForCausalLM):
         if cache is not None:
             cache.advance(T)
         h = streams.mean(2)
-        aux = self._collect(layer_stats, h) if return_aux else None
-        if not (return_hidden or return_mtp):
-            return base.CausalLMOutput(self.lm_head(self.model.norm(h[:, -logits_to_keep:] if logits_to_keep else h)),
-                                       aux)
-        normed = self.model.norm(h)
-        mtp_logits = None
-        if return_mtp:
-            if cache is not None or not self.model.mtp_layers:
-                raise ValueError("return_mtp needs a model with next-n layers and no cache")
-            if position_ids is None:
-                position_ids = base.default_position_ids(attention_mask, B, past, T, input_ids.device)
-            mask = attention_mask[:, 1:] if attention_mask is not None else None
-            mtp_logits, _, mtp_aux = self.mtp_forward(normed[:, :-1], input_ids[:, 1:], position_ids[:, :-1],
-                                                      mask, None, 0, return_aux)
-            if aux is not None:
-                aux.aux_loss = aux.aux_loss + mtp_aux.aux_loss
-        logits = None
-        if return_logits:
-            logits = self.lm_head(normed[:, -logits_to_keep:] if logits_to_keep else normed)
-        return base.CausalLMOutput(logits, aux, normed if return_hidden else None, mtp_logits)
+        return h, self._collect(layer_stats, h) if with_stats else None, position_ids, ops
 
-    def mtp_forward(self, hidden, next_ids, position_ids, attention_mask=None, cache=None, depth: int = 0,
-                    return_aux: bool = False, return_logits: bool = True):
-        """As `GlmMoeDsaForCausalLM.mtp_forward`, without a cache (the MTP loss in training)."""
+    def _mtp_layer(self, hidden, next_ids, position_ids, attention_mask, cache, depth: int, with_stats: bool, ops):
+        """Next-n layer `depth` without a cache (the MTP loss in training; the engine does not draft with it yet)."""
         if cache is not None:
             raise ValueError("glm5_next's next-n layer runs without a cache (the engine does not draft with it yet)")
-        self._check_ids(next_ids)
         layer = self.model.mtp_layers[depth]
         key_valid = key_validity(attention_mask)
         token_mask = attention_mask.reshape(-1).bool() if attention_mask is not None else None
-        x = layer.mix(self.model.embed_tokens(next_ids), hidden, position_ids)
-        x, _, stats = layer(x, None, key_valid, 0, None, None, token_mask, return_aux)  # GLM-5's block: no streams
-        logits = self.mtp_logits(x, depth) if return_logits else None
-        return logits, x, (self._collect([stats] if stats is not None else [], x) if return_aux else None)
+        x = layer.mix(self.model.embed_tokens(next_ids), hidden, position_ids, ops)
+        x, _, stats = layer(x, None, key_valid, 0, None, None, token_mask, with_stats, ops)
+        return x, self._collect([stats] if stats is not None else [], x) if with_stats else None

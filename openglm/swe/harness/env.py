@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import site
-import subprocess
 import sysconfig
 import venv
 from pathlib import Path
 
-from openglm.swe.gitutil import git
 from openglm.swe.testrun import PACKAGE_ROOT, source_paths
+from openglm.util import proc
+from openglm.util.git import apply_patch as git_apply_patch
+from openglm.util.git import clone, git
 
 
 def source_repo(instance: dict, repos_dir: Path) -> Path:
@@ -31,15 +32,14 @@ def source_repo(instance: dict, repos_dir: Path) -> Path:
     url = instance.get("repo_url") or f"https://github.com/{repo}.git"
     local.parent.mkdir(parents=True, exist_ok=True)
     tmp = local.with_name(local.name + ".partial")
-    subprocess.run(["git", "clone", "--quiet", url, str(tmp)], check=True)
+    clone(url, tmp)
     tmp.rename(local)
     return local
 
 
 def checkout(instance: dict, repos_dir: Path, dest: Path) -> None:
     src = source_repo(instance, repos_dir)
-    subprocess.run(["git", "clone", "--quiet", "--shared", "--no-checkout", str(src.resolve()), str(dest)],
-                   check=True, capture_output=True)
+    clone(src.resolve(), dest, "--shared", "--no-checkout")
     git(dest, "checkout", "--quiet", "--detach", instance["base_commit"])
 
 
@@ -56,31 +56,22 @@ def make_venv(env_dir: Path, checkout_dir: Path, pythonpath: list[str] | None = 
     return python
 
 
-def run_in_venv(env_dir: Path, cwd: Path, command: str, timeout: float) -> subprocess.CompletedProcess:
+def run_in_venv(env_dir: Path, cwd: Path, command: str, timeout: float) -> proc.Result:
+    """`sh -c command` with the venv active; output and errors together in `stdout`. A command past
+    `timeout` is killed with everything it started, and raises TimeoutError."""
     env = dict(os.environ)
     env["VIRTUAL_ENV"] = str(env_dir)
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env.pop("PYTHONPATH", None)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return subprocess.run(command, shell=True, cwd=cwd, env=env, text=True, timeout=timeout,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    result = proc.run(["sh", "-c", command], cwd=cwd, env=env, timeout=timeout, merge_stderr=True)
+    if result.timed_out:
+        raise TimeoutError(f"`{command}` did not finish in {timeout:g}s (killed)")
+    return result
 
 
 def apply_patch(repo: Path, patch: str) -> tuple[bool, str]:
     """git apply, then GNU patch with fuzz (as SWE-bench does); (applied?, log)."""
     if not patch.strip():
         return True, "empty patch: nothing to apply\n"
-    attempts = [["git", "apply", "--verbose", "-"],
-                ["patch", "--batch", "--fuzz=5", "-p1", "--forward"]]
-    log = ""
-    for cmd in attempts:
-        try:
-            proc = subprocess.run(cmd, cwd=repo, input=patch, text=True, capture_output=True)
-        except FileNotFoundError:
-            continue
-        log += f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
-        if proc.returncode == 0:
-            return True, log
-        if cmd[0] == "patch":  # a partial GNU patch leaves a mess; undo what it wrote
-            git(repo, "checkout", "--", ".", check=False)
-    return False, log
+    return git_apply_patch(repo, patch, fuzz=True)

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from openglm.swe.gitutil import git
 from openglm.swe.harness.env import apply_patch, checkout, make_venv, run_in_venv
 from openglm.swe.harness.grading import instance_report
 from openglm.swe.logparse import parse_log
 from openglm.util.files import write_atomic
+from openglm.util.git import git
 
 
 @dataclass
