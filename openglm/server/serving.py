@@ -2,7 +2,8 @@
 
 A request is prepared off the event loop and off the engine thread: chat templates are rendered, string prompts
 tokenised and new output grammars compiled in the prepare workers (`server/prepare.py`: processes, with budgets);
-the rest (schema checks, a grammar compiled within its budget, token-id checks) in a small thread pool."""
+the rest (schema checks, token-id checks) in a small thread pool, and a grammar that passed its budget is compiled
+for the engine in a low-priority thread."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from openglm.server import render
 from openglm.server.structured import json_layout, request_grammar
 
 
-TOKENIZE_THREADS = 2  # request checks too slow for the event loop run here (schemas, grammar compiles, token ids)
+TOKENIZE_THREADS = 2  # request checks too slow for the event loop run here (schemas, token ids)
 
 
 class OpenAIServing:
@@ -47,8 +48,7 @@ class OpenAIServing:
         self.prepare = PrepareWorkers(self.tokenizer, self.llm.vocab_size, self.max_model_len, limits or ServerLimits())
 
     async def off_loop(self, fn, *args):
-        """Run request checks too slow for the event loop (a large schema, a grammar's compile, a long list of
-        token ids) in a thread, so that the event loop (other clients, /health) keeps answering meanwhile."""
+        """Run request checks too slow for the event loop (a large schema, a long list of token ids) in a thread, so that the event loop (other clients, /health) keeps answering meanwhile."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     def check_model(self, name: str | None) -> None:
@@ -152,7 +152,7 @@ class OpenAIServing:
             return None
         try:
             await self.prepare.grammar(grammar, is_disconnected)  # a new grammar: compiled within its budget first
-            await self.off_loop(self.grammar_engine.compile, grammar)
+            await self.prepare.at_low_priority(self.grammar_engine.compile, grammar)
         except (PrepareError, GrammarError) as exc:
             param = "response_format" if req.response_format is not None else "tools"
             cancelled = isinstance(exc, PrepareError) and exc.cancelled

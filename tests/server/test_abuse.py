@@ -159,6 +159,40 @@ def test_a_client_that_disconnects_frees_the_template_worker(checkpoint):
     assert seconds < 15 and workers.restarts == 0  # interrupted, not killed
 
 
+def test_a_slow_template_job_does_not_hold_up_quick_ones(checkpoint):
+    """With one prepare worker busy in a 10^10 loop (its budget 30 s), a benign chat is prepared by a spare started
+    in its place while the loop still runs, and the looping worker runs at low CPU priority."""
+    from openglm.server.prepare import SLOW_NICE, PrepareWorkers
+    from openglm.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_checkpoint(checkpoint)
+    tok.chat_template = HOSTILE_TEMPLATE
+    workers = PrepareWorkers(tok, tok.vocab_size, 256, ServerLimits(prepare_workers=1, template_timeout_s=30)).start()
+    looping = workers._all[0].proc.pid
+
+    async def run():
+        left = asyncio.Event()
+
+        async def gone():
+            return left.is_set()
+
+        loop = asyncio.create_task(workers.chat([{"role": "user", "content": "LOOP"}], None, True, {}, gone))
+        ids = await workers.chat([{"role": "user", "content": "hi"}], None, True, {})
+        still_looping, nice = not loop.done(), os.getpriority(os.PRIO_PROCESS, looping)
+        left.set()  # the client leaves: the render is interrupted
+        with contextlib.suppress(Exception):
+            await loop
+        return ids, still_looping, nice
+
+    try:
+        ids, still_looping, nice = asyncio.run(run())
+    finally:
+        workers.close()
+    assert ids == tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=True)
+    assert still_looping and nice == SLOW_NICE  # before: the chat waited for the loop's whole budget
+    assert workers.restarts == 0 and workers.spares == 0  # the loop was interrupted; its worker left the pool
+
+
 # ---- output grammars ------------------------------------------------------------------------------------
 def test_schemas_of_10_000_and_12_000_optional_properties_are_one_line_400s_while_a_stream_goes_on(hostile):
     url, _ = hostile
