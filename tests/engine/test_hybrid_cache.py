@@ -150,6 +150,15 @@ def test_hybrid_refuses_mtp_drafts(model):
         LLMEngine(model, None, EngineConfig(num_speculative_tokens=1))
 
 
+def test_tensor_parallel_serving_of_kda_layers_is_refused(model):
+    from openglm.engine.parallel import check_shardable
+    from openglm.model.parallel import LayoutError
+
+    check_shardable(model.config, 1)
+    with pytest.raises(LayoutError, match="linear-attention"):
+        check_shardable(model.config, 2)
+
+
 def test_non_hybrid_model_keeps_prefix_caching():
     torch.manual_seed(0)
     engine = LLMEngine(build_model(ModelConfig.from_preset("tiny")).eval(), None, EngineConfig(num_kv_blocks=8))
