@@ -82,29 +82,51 @@ class StateSlots:
 
 class StatePool:
     """The state rows of every linear-attention layer: layer -> `LinearState` with 2 rows per slot (row 2s + r),
-    and each row's tag (sequence id, tokens its state covers)."""
+    and each row's tag (sequence id, tokens its state covers). Rows are allocated as slots are first used (slots
+    are handed out lowest first), so the pool grows with the sequences running at once, up to `num_slots`."""
 
     def __init__(self, layers: dict[int, torch.nn.Module], num_slots: int, dtype: torch.dtype, device):
-        self.num_slots = num_slots
-        self.states = {i: attn.empty_state(2 * num_slots, dtype, device) for i, attn in layers.items()}
-        self.tags: list[tuple[int, int] | None] = [None] * (2 * num_slots)
-        self.device = device
+        self.layers, self.num_slots, self.dtype, self.device = layers, num_slots, dtype, device
+        self.states = {i: attn.empty_state(0, dtype, device) for i, attn in layers.items()}
+        self.tags: list[tuple[int, int] | None] = []
+
+    @property
+    def capacity(self) -> int:
+        """Slots allocated so far."""
+        return len(self.tags) // 2
 
     @property
     def bytes_per_slot(self) -> int:
-        return sum(s.nbytes for s in self.states.values()) // self.num_slots
+        return sum(attn.empty_state(2, self.dtype, "meta").nbytes for attn in self.layers.values())
+
+    def _grow(self, slot: int) -> None:
+        """Room for `slot`: the capacity doubled (at least), up to num_slots; rows kept, new ones zero."""
+        if slot >= self.num_slots:
+            raise ValueError(f"state slot {slot} out of range (the pool has {self.num_slots})")
+        cap = min(self.num_slots, max(slot + 1, 2 * self.capacity))
+        for i, attn in self.layers.items():
+            old, new = self.states[i], attn.empty_state(2 * cap, self.dtype, self.device)
+            new.recurrent[: old.recurrent.shape[0]] = old.recurrent
+            new.conv[: old.conv.shape[0]] = old.conv
+            self.states[i] = new
+        self.tags += [None] * (2 * cap - len(self.tags))
 
     def plan(self, rows: list[tuple[int, int]], past_lens: list[int], new_lens: list[int]):
         """For a step's rows [(slot, seq id)]: (the pool row each reads, -1 = a fresh sequence; the row each
         writes; the tags the written rows get)."""
         read, write, tags = [], [], []
         for (slot, seq_id), p, t in zip(rows, past_lens, new_lens):
-            mine = [r for r in (2 * slot, 2 * slot + 1) if self.tags[r] == (seq_id, p)]
+            if slot >= self.capacity:
+                self._grow(slot)
+            pair = (2 * slot, 2 * slot + 1)
+            if p == 0:  # a sequence (re)starting in this slot: what the rows held is no one's any more
+                self.tags[pair[0]] = self.tags[pair[1]] = None
+            mine = [r for r in pair if self.tags[r] == (seq_id, p)]
             if p and not mine:
                 raise RuntimeError(f"sequence {seq_id}: no linear-attention state for its first {p} tokens in slot "
                                    f"{slot}")
             src = mine[0] if p else -1
-            write.append(2 * slot + 1 if src == 2 * slot else 2 * slot)
+            write.append(pair[1] if src == pair[0] else pair[0])
             read.append(src)
             tags.append((seq_id, p + t))
         return read, write, tags
