@@ -1,6 +1,7 @@
 """The engine on a hybrid model (glm5_next: KDA linear attention + pooled DSA): per-sequence KDA state slots beside
 the paged latent cache, through continuous batching, chunked prefill, abort, preemption and a failed step. Its
-greedy tokens (and their logprobs) equal the model's own greedy loop, and every state slot comes back."""
+greedy tokens (and their logprobs) on a random tiny-glm5-next checkpoint equal the model's own greedy loop, and every
+state slot comes back."""
 
 from __future__ import annotations
 
@@ -12,19 +13,31 @@ from openglm.engine.sampling_params import SamplingParams
 from openglm.model import ModelConfig, build_model
 
 MAX_TOKENS = 10
+VOCAB = 384
 
 
 @pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
+def checkpoint(tmp_path_factory):
+    from openglm.engine.random_checkpoint import build_random_checkpoint
+
     # 16 index heads: no exact zero-score ties at the pooled top-k (see conftest.py); index_topk 8 in groups of
     # 4, so every prompt here runs the sparse selection
-    return build_model(ModelConfig.from_preset("tiny-glm5-next", index_n_heads=16)).eval()
+    return build_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "glm5next", preset="tiny-glm5-next",
+                                   index_n_heads=16)
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    from openglm.model import load_model
+
+    model = load_model(str(checkpoint)).eval()
+    assert model.config.model_type == "glm5_next" and model.config.vocab_size == VOCAB
+    return model
 
 
 def prompts(lengths, seed=1):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 384, (n,), generator=g).tolist() for n in lengths]
+    return [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in lengths]
 
 
 def reference(model, prompt, n=MAX_TOKENS):
@@ -55,7 +68,8 @@ def run(engine, requests, on_step=None):
 
 
 def add(engine, ps, max_tokens=MAX_TOKENS):
-    return [engine.add_request(p, SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=0)) for p in ps]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=0, ignore_eos=True)
+    return [engine.add_request(p, params) for p in ps]
 
 
 def check_equal(model, ps, ids, done):
@@ -70,11 +84,13 @@ def check_released(engine):
     assert slots.num_free == slots.num_slots and bm.num_used_blocks == 0
 
 
-def test_batch_with_chunked_prefill_and_abort_equals_model_greedy(model):
-    engine = LLMEngine(model, None, EngineConfig(num_kv_blocks=64, block_size=16, max_num_batched_tokens=16))
+def test_batch_with_chunked_prefill_and_abort_equals_model_greedy(checkpoint, model):
+    # the engine loads the checkpoint itself (its own copy of the weights, and the tokenizer)
+    engine = LLMEngine.from_pretrained(checkpoint, EngineConfig(num_kv_blocks=64, block_size=16,
+                                                                max_num_batched_tokens=16))
     ps = prompts([5, 19, 33, 47])
     ids = add(engine, ps)
-    victim = engine.add_request(prompts([40], seed=2)[0], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
+    victim = engine.add_request(prompts([40], seed=2)[0], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
     seen = {}
 
     def abort_mid_prefill(step):
