@@ -95,10 +95,6 @@ class StatePool:
         """Slots allocated so far."""
         return len(self.tags) // 2
 
-    @property
-    def bytes_per_slot(self) -> int:
-        return sum(attn.empty_state(2, self.dtype, "meta").nbytes for attn in self.layers.values())
-
     def _grow(self, slot: int) -> None:
         """Room for `slot`: the capacity doubled (at least), up to num_slots; rows kept, new ones zero."""
         if slot >= self.num_slots:
