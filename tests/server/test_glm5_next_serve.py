@@ -1,6 +1,6 @@
 """A glm5_next (GLM-5.3-Flash layout: KDA + pooled DSA, hybrid cache) random-weight checkpoint through `openglm serve`
-(the real CLI, a subprocess), answering the `openai` SDK: a plain reply, the same reply streamed, a forced tool call,
-and a 400 for an image content part."""
+(the real CLI, a subprocess), answering the `openai` SDK: a plain reply, the same reply streamed, thinking on and off,
+a forced tool call, and a 400 for an image content part."""
 
 import json
 
@@ -74,3 +74,14 @@ def test_image_content_part_is_refused(client):
     assert err.value.status_code == 400
     message = err.value.body["message"]
     assert "image input is not supported for this checkpoint" in message and "messages.0.content" in message
+
+
+def test_thinking_on_by_default(client):
+    kw = dict(model=MODEL, messages=ASK, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    message = client.chat.completions.create(**kw).choices[0].message
+    assert message.reasoning_content and "</think>" not in message.reasoning_content + (message.content or "")
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    text = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
+    assert text == message.reasoning_content
+    off = client.chat.completions.create(**{**kw, "extra_body": {"ignore_eos": True, **NO_THINK}}).choices[0].message
+    assert getattr(off, "reasoning_content", None) is None and off.content
