@@ -4,8 +4,8 @@ Every step has a token budget (`max_num_batched_tokens`) and a sequence limit (`
 Running sequences go first (one token each when decoding, plus its draft tokens under speculative
 decoding, or a chunk when their prompt is still being prefilled); waiting requests join with whatever
 budget is left, their long prompts cut into chunks (chunked prefill). When the KV pool runs dry, the most recently
-admitted sequence (of the request holding the most) is preempted: its blocks are freed and it is recomputed
-later, instead of any request failing.
+admitted sequence (of the request holding the most) is preempted: its blocks (and a hybrid model's state slot) are
+freed and it is recomputed later, instead of any request failing.
 
 Requests share the batch fairly. A sequence belongs to a *group*, the client request it serves (a server request
 with many prompts and `n` choices is one group; by default a group is one engine request). Waiting sequences are
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from openglm.engine.block_manager import BlockManager
 from openglm.engine.config import EngineConfig
 from openglm.engine.sequence import Sequence, SequenceStatus
+from openglm.engine.state_cache import StateSlots
 
 
 @dataclass
@@ -42,9 +43,10 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, state_slots: StateSlots | None = None):
         self.config = config
         self.block_manager = block_manager
+        self.state_slots = state_slots  # hybrid models: a running sequence also holds a state slot
         self.queues: dict[str, deque[Sequence]] = {}  # group -> its waiting sequences (groups in arrival order)
         self.num_waiting = 0
         self.running: list[Sequence] = []
@@ -100,10 +102,12 @@ class Scheduler:
         # 2. admit waiting requests, fewest running first (not in a step that had to preempt: there is no room)
         while self.num_waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_seqs:
             seq = self._next_waiting()
-            if not self.block_manager.can_allocate(seq):
+            if not self._has_state_slot() or not self.block_manager.can_allocate(seq):
                 break
             self._pop_waiting(seq)
             self.block_manager.allocate(seq)
+            if self.state_slots is not None:
+                self.state_slots.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             seq.admitted = next(self._admissions)
             self.running.append(seq)
@@ -140,7 +144,8 @@ class Scheduler:
         starved = next((g for g in self._waiting_groups() if self.running_per_group[g] < share), None)
         if starved is None:
             return
-        if len(self.running) < self.config.max_num_seqs and self.block_manager.can_allocate(self._head(starved)):
+        if (len(self.running) < self.config.max_num_seqs and self._has_state_slot()
+                and self.block_manager.can_allocate(self._head(starved))):
             return
         hog, held = max(self.running_per_group.items(), key=lambda kv: kv[1], default=(None, 0))
         if held > share:
@@ -183,6 +188,7 @@ class Scheduler:
         if not self.running_per_group[seq.group]:
             del self.running_per_group[seq.group]
         self.block_manager.free(seq)
+        self._free_state(seq)
         seq.reset_for_recompute()
         self.queues.setdefault(seq.group, deque()).appendleft(seq)
         self.num_waiting += 1
@@ -199,6 +205,15 @@ class Scheduler:
             self.num_waiting -= 1  # left in its group's queue, dropped when it reaches the front
         if seq.block_table:
             self.block_manager.free(seq)
+        self._free_state(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = seq.finish_reason or reason
         self._forget_group(seq.group)
+
+    def _has_state_slot(self) -> bool:
+        """Whether a sequence admitted now gets a state slot (hybrid models; others need none)."""
+        return self.state_slots is None or self.state_slots.num_free > 0
+
+    def _free_state(self, seq: Sequence) -> None:
+        if self.state_slots is not None:
+            self.state_slots.free(seq)
