@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 import torch
@@ -173,3 +174,20 @@ def test_progress_bar_shows_the_lm_loss_and_mtp_apart(tiny_cfg, capsys):
     lm, mtp = trainer.tracker.rows[-1][0], trainer.tracker.rows[-1][5]
     assert f"loss={lm:.3f}" in last and f"mtp={mtp:.3f}" in last, last
     assert res.losses[2] > lm + 0.2 * mtp  # the total (LM + 0.3 MTP + aux) the bar used to show
+
+
+def test_checkpoints_follow_the_umask_and_hold_the_template(tiny_cfg):
+    """A checkpoint is read by other users (a container's UID, a serving engine): the writer's private temp modes
+    (0700 folder, 0600 files) used to be kept by the atomic renames."""
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        result = train(tiny_cfg(max_steps=2, save_every=2))
+    finally:
+        os.umask(old)
+    ckpt = result.checkpoint
+    assert (ckpt / "chat_template.jinja").is_file() and (ckpt / "tokenizer.json").is_file()
+    assert {stat.S_IMODE(p.stat().st_mode) for p in ckpt.iterdir()} == {0o644}
+    assert stat.S_IMODE(ckpt.stat().st_mode) == 0o755
+    assert stat.S_IMODE((ckpt.parent / "latest").stat().st_mode) == 0o644
