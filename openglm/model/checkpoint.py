@@ -241,10 +241,17 @@ def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu"
         return _load(path, dtype, device, max_memory)
     except CheckpointTooLargeError:
         raise
-    except MemoryError as e:
-        detail = f" ({e})" if str(e) else ""
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
+            raise
+        detail = f" ({' '.join(str(e).split())[-160:]})" if str(e) else ""
         raise CheckpointTooLargeError(f"ran out of memory loading checkpoint {path}{detail}: pick a smaller dtype "
                                       "(--dtype bf16), a quantised checkpoint, or a machine with more memory") from None
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Python's MemoryError, or torch's allocator failing (a RuntimeError on the CPU, OutOfMemoryError on a GPU)."""
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)
 
 
 def _load(path, dtype, device, max_memory) -> GlmMoeDsaForCausalLM:

@@ -117,11 +117,17 @@ def test_direct_configs_check_sizes_before_building_lists():
         ModelConfig.from_preset("tiny", num_hidden_layers=1020, num_nextn_predict_layers=8, indexer_types=None)
 
 
-def test_a_memory_error_while_loading_is_one_line(ckpt, monkeypatch, capsys):
-    from openglm.model import checkpoint
+def python_out_of_memory(*args, **kwargs):
+    raise MemoryError
 
-    def exhausted(*args, **kwargs):
-        raise MemoryError
+
+def torch_out_of_memory(*args, **kwargs):
+    torch.empty(1 << 58, dtype=torch.uint8)  # the allocator refuses at once: a RuntimeError, not a MemoryError
+
+
+@pytest.mark.parametrize("exhausted", [python_out_of_memory, torch_out_of_memory])
+def test_a_memory_error_while_loading_is_one_line(ckpt, monkeypatch, capsys, exhausted):
+    from openglm.model import checkpoint
 
     monkeypatch.setattr(checkpoint, "_fill", exhausted)
     with pytest.raises(CheckpointTooLargeError, match="ran out of memory loading checkpoint .*smaller dtype"):
@@ -129,3 +135,14 @@ def test_a_memory_error_while_loading_is_one_line(ckpt, monkeypatch, capsys):
     assert main(["convert", str(ckpt), str(ckpt.parent / "out")]) == 1
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "ran out of memory loading checkpoint" in err
+
+
+def test_other_runtime_errors_while_loading_keep_their_type(ckpt, monkeypatch):
+    from openglm.model import checkpoint
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("shape mismatch in a kernel")
+
+    monkeypatch.setattr(checkpoint, "_fill", bug)
+    with pytest.raises(RuntimeError, match="shape mismatch in a kernel"):
+        load_model(ckpt)
