@@ -86,8 +86,7 @@ class Trainer:
             train_tokens, val_tokens = split_stream(np.asarray(train_tokens), cfg.val_fraction)
         self.tokenizer = tokenizer
         self.train_tokens, self.val_tokens = np.asarray(train_tokens), np.asarray(val_tokens)
-        vocab = tokenizer.vocab_size if tokenizer is not None else None
-        self.model_config = model_config or build_model_config(cfg, vocab)
+        self.model_config = model_config or build_model_config(cfg, tokenizer)
         check_vocab(self.model_config, tokenizer, int(max(self.train_tokens.max(), self.val_tokens.max())))
         self.batcher = PackedBatcher(self.train_tokens, cfg.seq_len, seed=cfg.seed)
         self.val_windows = eval_windows(self.val_tokens, cfg.seq_len, cfg.eval_windows)
