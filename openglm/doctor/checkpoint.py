@@ -16,8 +16,9 @@ from openglm.model.checkpoint import (check_sizes_against_weights, checkpoint_dt
 from openglm.model.config import ModelConfig, export_warnings
 from openglm.model.errors import MissingTensorError, ModelError
 from openglm.model.fp8 import SCALE_SUFFIX, parse_quantization_config
-from openglm.model.hf_names import GLM_MOE, hf_name
-from openglm.model.model import GlmMoeDsaForCausalLM
+from openglm.model.families import family_of
+from openglm.model.hf_names import HFNames, hf_name
+from openglm.model.model import build_model
 from openglm.tokenizer import Tokenizer, TokenizerError, tokenizer_folder
 
 # The spellings chat templates use for turn and sequence markers (GLM's, ChatML's, Llama's, the reasoning and tool
@@ -65,8 +66,9 @@ def _weights(path: Path, raw: dict, cfg: ModelConfig) -> Check:
         quant = parse_quantization_config(raw.get("quantization_config"))
         tensors = read_headers(shard_files(path))
         dtype = checkpoint_dtype(tensors, raw.get("dtype", raw.get("torch_dtype")), quant)
-        check_sizes_against_weights(Path(path), cfg, tensors)
-        _expected_tensors(cfg, tensors)
+        names = family_of(cfg.model_type).hf_names.reading(tensors)
+        check_sizes_against_weights(Path(path), cfg, tensors, names)
+        _expected_tensors(cfg, tensors, names)
     except ModelError as e:
         return error("checkpoint.weights", f"serve would refuse it: {e}",
                      "the weights and config.json disagree or a file is damaged: write the checkpoint again (`openglm "
@@ -79,26 +81,27 @@ def _weights(path: Path, raw: dict, cfg: ModelConfig) -> Check:
               tensors=len(tensors), bytes=size, dtype=str(dtype).removeprefix("torch."))
 
 
-def _expected_tensors(cfg: ModelConfig, tensors: dict) -> None:
+def _expected_tensors(cfg: ModelConfig, tensors: dict, names: HFNames) -> None:
     """Every tensor the model needs, with its shape, is in the headers (the loader's check, on the meta device)."""
-    if not {name for name in tensors if name.startswith(f"model.layers.{cfg.num_hidden_layers}.")}:
+    layer = names.disk(f"model.layers.{cfg.num_hidden_layers}.")
+    if not any(name.startswith(layer) for name in tensors):
         cfg = cfg.replace(num_nextn_predict_layers=0)  # a checkpoint without its next-n layers loads without them
     with torch.device("meta"):
-        model = GlmMoeDsaForCausalLM(cfg)
+        model = build_model(cfg)
 
     def get(name):
-        return torch.empty(tensors[name].shape, device="meta")
+        return torch.empty(tensors[names.disk(name)].shape, device="meta")
 
     def has(name):
-        return name in tensors and not name.endswith(SCALE_SUFFIX)
+        return names.disk(name) in tensors and not name.endswith(SCALE_SUFFIX)
 
     for name, p in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         try:
-            GLM_MOE.load_native(hf_name(name, cfg.num_hidden_layers), p.shape, get, has)
+            names.load_native(hf_name(name, cfg.num_hidden_layers), p.shape, get, has)
         except KeyError as e:
-            raise MissingTensorError(f"the checkpoint lacks tensor {e.args[0]!r}") from None
+            raise MissingTensorError(f"the checkpoint lacks tensor {names.disk(e.args[0])!r}") from None
 
 
 def _tokenizer(path: Path, tokenizer: str | None) -> tuple[Tokenizer | None, Check]:

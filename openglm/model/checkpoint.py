@@ -24,12 +24,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from openglm.model import fp8
-from openglm.model.config import FP32_TENSORS, ModelConfig
+from openglm.model.config import FP32_TENSORS, KEEP_FP32, ModelConfig
 from openglm.model.errors import (CheckpointError, CheckpointPathError, CheckpointTooLargeError, ConfigError,
                                   CorruptShardError, MissingShardError, MissingTensorError, NonFiniteTensorError,
                                   TensorDTypeError, UnexpectedTensorError)
-from openglm.model.hf_names import GLM_MOE, extra_layer, hf_name
-from openglm.model.model import GlmMoeDsaForCausalLM
+from openglm.model.families import family_of
+from openglm.model.hf_names import HFNames, extra_layer, hf_name
+from openglm.model.model import GlmMoeDsaForCausalLM, build_model
 from openglm.model.rope import RotaryEmbedding
 from openglm.model.save import INDEX, SINGLE, save_pretrained  # noqa: F401 - save_pretrained: re-exported
 from openglm.util.dtypes import dtype_name
@@ -233,9 +234,9 @@ def checkpoint_dtype(tensors: dict[str, TensorInfo], declared: str | None,
 
 def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu",
                max_memory: int | None = None) -> GlmMoeDsaForCausalLM:
-    """Load a Hugging Face checkpoint directory (glm_moe_dsa, glm4_moe, glm4_moe_lite; bf16/fp16/fp32 or FP8
-    block-quantised) into GlmMoeDsaForCausalLM (eval mode). `dtype`: the weights' dtype (default: the
-    checkpoint's; bf16/bfloat16, fp16/float16, fp32/float32 or a torch dtype). Every bad input raises a ModelError
+    """Load a Hugging Face checkpoint directory (glm_moe_dsa, glm4_moe, glm4_moe_lite, glm5_next; bf16/fp16/fp32 or
+    FP8 block-quantised) into GlmMoeDsaForCausalLM (or its family's subclass; eval mode). `dtype`: the weights'
+    dtype (default: the checkpoint's; bf16/bfloat16, fp16/float16, fp32/float32 or a torch dtype). Every bad input raises a ModelError
     subclass naming the key, tensor or file; running out of memory anyway is CheckpointTooLargeError, one line."""
     try:
         return _load(path, dtype, device, max_memory)
@@ -265,15 +266,17 @@ def _load(path, dtype, device, max_memory) -> GlmMoeDsaForCausalLM:
             raise ConfigError(str(e)) from None
     files = shard_files(path)
     tensors = read_headers(files)
-    check_sizes_against_weights(Path(path), cfg, tensors)  # before a model of the config's sizes is built
+    names = family_of(cfg.model_type).hf_names.reading(tensors)
+    check_sizes_against_weights(Path(path), cfg, tensors, names)  # before a model of the config's sizes is built
     declared = raw.get("dtype", raw.get("torch_dtype"))
     if declared is not None and not isinstance(declared, str):
         raise ConfigError(f"config.json dtype={declared!r} must be a string")
-    stored = checkpoint_dtype(tensors, declared, quant)  # the dtype rules hold whatever dtype is asked for
+    # The dtype rules hold whatever dtype is asked for (tensors kept as stored are not the model's: not checked).
+    stored = checkpoint_dtype({k: t for k, t in tensors.items() if not names.is_kept(k)}, declared, quant)
     target = dtype or stored
     _check_memory(Path(path), tensors, target, max_memory)
     n, nextn = cfg.num_hidden_layers, cfg.num_nextn_predict_layers
-    mtp_found = {extra_layer(k, n, nextn) for k in tensors} - {None}
+    mtp_found = {extra_layer(names.from_disk(k), n, nextn) for k in tensors if not names.is_kept(k)} - {None}
     if not mtp_found:  # a checkpoint without its next-n layers (transformers drops them): a model without them
         cfg = cfg.replace(num_nextn_predict_layers=0)
     with ExitStack() as stack:
@@ -284,22 +287,27 @@ def _load(path, dtype, device, max_memory) -> GlmMoeDsaForCausalLM:
             except (SafetensorError, OSError) as e:
                 raise CorruptShardError(f"{f}: cannot open ({e})") from None
             handles.update({k: (h, f) for k in h.keys()})
-        model, used = _fill(cfg, path, handles, quant, target, device)
+        model, used = _fill(cfg, path, handles, quant, target, device, names)
         extra = [k for k in handles if k not in used]
         if extra:
             raise UnexpectedTensorError(f"checkpoint {path} has tensor(s) the config does not use: {extra[:5]}")
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.model.rotary_emb = RotaryEmbedding(cfg).to(device)  # non-persistent buffer: rebuild off meta
+    if hasattr(model.model, "rotary_emb"):
+        model.model.rotary_emb = RotaryEmbedding(cfg).to(device)  # non-persistent buffer: rebuild off meta
     return model.eval()
 
 
-def check_sizes_against_weights(path: Path, cfg: ModelConfig, tensors: dict[str, TensorInfo]) -> None:
+def check_sizes_against_weights(path: Path, cfg: ModelConfig, tensors: dict[str, TensorInfo],
+                                names: HFNames) -> None:
     """The config's layer count, expert count and embedding shape against the tensors the headers list (ConfigError
     naming the key): a config that names more of them than the weights hold is refused before anything is built
-    per layer or per expert."""
-    layers, experts = set(), {}
-    for name in tensors:
+    per layer or per expert. `names`: the family's on-disk names (a multimodal checkpoint's text model sits under
+    a prefix)."""
+    layers, experts, text = set(), {}, {}
+    for disk_name, info in tensors.items():
+        name = names.from_disk(disk_name)
+        text[name] = info
         m = _EXPERT.match(name)
         if m:
             layer, e = int(m.group(1)), int(m.group(2))
@@ -313,18 +321,18 @@ def check_sizes_against_weights(path: Path, cfg: ModelConfig, tensors: dict[str,
         held = f"layers 0..{max(layers)}" if layers else "no decoder layer"
         raise ConfigError(f"{where}: num_hidden_layers={n}, but the weights hold {held}")
     for layer in cfg.moe_layers:
-        stacked = tensors.get(f"model.layers.{layer}.mlp.experts.gate_up_proj")
+        stacked = text.get(f"model.layers.{layer}.mlp.experts.gate_up_proj")
         count = stacked.shape[0] if stacked is not None and stacked.shape else experts.get(layer)
         if count is not None and count != cfg.n_routed_experts:
             raise ConfigError(f"{where}: n_routed_experts={cfg.n_routed_experts}, but layer {layer}'s weights hold "
                               f"{count} experts")
-    embed = tensors.get("model.embed_tokens.weight")
+    embed = text.get("model.embed_tokens.weight")
     if embed is not None and embed.shape != (cfg.vocab_size, cfg.hidden_size):
         raise ConfigError(f"{where}: vocab_size={cfg.vocab_size}, hidden_size={cfg.hidden_size}, but "
                           f"model.embed_tokens.weight is {list(embed.shape)}")
 
 
-def _fill(cfg, path, handles, quant, target, device):
+def _fill(cfg, path, handles, quant, target, device, names: HFNames):
     """Build the model on meta and assign every tensor from the checkpoint; returns (model, names used)."""
 
     def get(k):
@@ -341,24 +349,35 @@ def _fill(cfg, path, handles, quant, target, device):
         return t
 
     with torch.device("meta"):
-        model = GlmMoeDsaForCausalLM(cfg)
+        model = build_model(cfg)
     state, used = {}, set()
     for name, p in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         try:
-            t, names = GLM_MOE.load_native(hf_name(name, cfg.num_hidden_layers), p.shape, get, handles.__contains__)
+            t, read = names.load_native(hf_name(name, cfg.num_hidden_layers), p.shape, lambda k: get(names.disk(k)),
+                                        lambda k: names.disk(k) in handles)
         except KeyError as e:
-            raise MissingTensorError(f"checkpoint {path} lacks tensor {e.args[0]!r}") from None
-        used.update(names)
-        used.update(k + fp8.SCALE_SUFFIX for k in names if k + fp8.SCALE_SUFFIX in handles)
-        keep_fp32 = name.endswith("e_score_correction_bias")
+            raise MissingTensorError(f"checkpoint {path} lacks tensor {names.disk(e.args[0])!r}") from None
+        read = [names.disk(k) for k in read]
+        used.update(read)
+        used.update(k + fp8.SCALE_SUFFIX for k in read if k + fp8.SCALE_SUFFIX in handles)
+        keep_fp32 = name.endswith(KEEP_FP32)
         state[name] = t.to(device=device, dtype=torch.float32 if keep_fp32 else target)
     for k in handles:
-        i = extra_layer(k, cfg.num_hidden_layers, cfg.num_nextn_predict_layers)
-        if i is not None and k.endswith(GLM_MOE.nextn_copies) and k not in used:
+        if names.is_kept(k):  # as stored: no dequantisation, no cast, written back byte for byte
+            try:
+                model.vision_extra[k] = handles[k][0].get_tensor(k)
+            except SafetensorError as e:
+                raise CorruptShardError(f"{handles[k][1]}: cannot read tensor {k!r} ({e})") from None
+            used.add(k)
+            continue
+        i = extra_layer(names.from_disk(k), cfg.num_hidden_layers, cfg.num_nextn_predict_layers)
+        if i is not None and k.endswith(names.nextn_copies) and k not in used:
             model.mtp_extra[k] = get(k).to(device=device, dtype=target)
             used.update([k, k + fp8.SCALE_SUFFIX])
+    if quant is not None and names.kept:  # what the source said of the tensors kept as stored, for an FP8 save
+        model.kept_not_convert = [m for m in quant.modules_to_not_convert if names.is_kept(m)]
     model.load_state_dict(state, strict=not cfg.tie_word_embeddings, assign=True)
     return model, used
 

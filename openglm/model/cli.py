@@ -14,7 +14,8 @@ def register(subparsers):
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", default="small",
                      help="preset name: tiny, small, glm-5 (also glm-5.1), glm-4.5, glm-4.5-air, glm-4.6, glm-4.7, "
-                          "glm-4.7-flash, ...; published names such as zai-org/GLM-5.1-FP8 name their shape "
+                          "glm-4.7-flash, glm-5.3-flash, ...; published names such as zai-org/GLM-5.1-FP8 name their "
+                          "shape "
                           "(default: small)")
     src.add_argument("--checkpoint", help="a Hugging Face checkpoint directory, or a run folder (its latest "
                                           "checkpoint); reads its config.json only")

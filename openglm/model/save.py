@@ -23,7 +23,8 @@ from safetensors.torch import save_file
 
 from openglm.model import fp8
 from openglm.model.errors import CheckpointError
-from openglm.model.hf_names import GLM_MOE, hf_name
+from openglm.model.families import family_of
+from openglm.model.hf_names import HFNames, hf_name
 from openglm.util.files import default_mode, replace_dir
 
 INDEX = "model.safetensors.index.json"
@@ -45,9 +46,15 @@ def save_pretrained(model, path, max_shard_size: int = 2 << 30, quantization: fp
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     source = tokenizer_source(tokenizer, path)
-    tensors = _hf_state_dict(model)
+    names = family_of(model.config.model_type).hf_names
+    tensors = _hf_state_dict(model, names)
+    kept = getattr(model, "vision_extra", {})
     if quantization is not None:
+        skip = quantization.modules_to_not_convert
+        extra = list(names.fp8_not_convert) + _kept_not_convert(model, kept, names)
+        quantization = fp8.Fp8Config(quantization.block, skip + [m for m in extra if m not in skip])
         tensors = _quantized(tensors, quantization)
+    tensors.update(kept)  # as loaded: the same bytes go back
     shards = _split(tensors, max_shard_size)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
@@ -56,14 +63,14 @@ def save_pretrained(model, path, max_shard_size: int = 2 << 30, quantization: fp
         if quantization is not None:
             cfg["quantization_config"] = quantization.to_hf()
         _write_json(tmp / "config.json", cfg)
-        names = [SINGLE] if len(shards) == 1 else [
+        files = [SINGLE] if len(shards) == 1 else [
             f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-        for name, shard in zip(names, shards):
+        for name, shard in zip(files, shards):
             save_file(shard, str(tmp / name), metadata={"format": "pt"})
             os.chmod(tmp / name, default_mode())  # safetensors creates its files 0600
         if len(shards) > 1:
             total = sum(t.numel() * t.element_size() for t in tensors.values())
-            weight_map = {k: name for name, shard in zip(names, shards) for k in shard}
+            weight_map = {k: name for name, shard in zip(files, shards) for k in shard}
             _write_json(tmp / INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map})
         if isinstance(source, Path):
             copy_sidecar_files(source, tmp)
@@ -104,18 +111,28 @@ def copy_sidecar_files(source: str | os.PathLike, dest: str | os.PathLike) -> li
     return copied
 
 
-def _hf_state_dict(model) -> dict[str, torch.Tensor]:
+def _hf_state_dict(model, names: HFNames) -> dict[str, torch.Tensor]:
     out = {}
     n = model.config.num_hidden_layers
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
-        for disk_name, piece in GLM_MOE.to_hf(hf_name(name, n), t.detach()):
+        for disk_name, piece in names.to_hf(hf_name(name, n), t.detach()):
             # Expert slices share storage with the stacked tensor; safetensors wants separate storage.
-            out[disk_name] = piece.contiguous() if piece is t else piece.clone()
+            out[names.disk(disk_name)] = piece.contiguous() if piece is t else piece.clone()
     for disk_name, t in getattr(model, "mtp_extra", {}).items():
         out[disk_name] = t.detach().contiguous()
     return out
+
+
+def _kept_not_convert(model, kept: dict[str, torch.Tensor], names: HFNames) -> list[str]:
+    """What an FP8 config.json says of the tensors kept as stored (a vision tower): unquantised ones are not
+    converted at all; FP8 ones (from an FP8 source) keep the source's word on them."""
+    if not kept:
+        return []
+    if not any(name.endswith(fp8.SCALE_SUFFIX) for name in kept):
+        return list(names.kept)
+    return list(getattr(model, "kept_not_convert", []))
 
 
 def _quantized(tensors: dict[str, torch.Tensor], q: fp8.Fp8Config) -> dict[str, torch.Tensor]:
