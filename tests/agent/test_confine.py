@@ -1,6 +1,7 @@
-"""Issue 17's process repros: a step's commands (setsid children and double forks included) die
-with the step, and with a SIGKILLed worker; a pid record from another machine or boot, or for a
-reused pid, is never signalled."""
+"""Process repros: a step's commands (setsid children and double forks included) die with the step,
+and with a SIGKILLed worker, in the sandbox (bubblewrap's pid namespace) and without it (the reaper
+launcher, with and without a cgroup); a pid record from another machine or boot, or for a reused pid,
+is never signalled."""
 
 import json
 import os
@@ -12,9 +13,22 @@ import uuid
 
 import pytest
 
-from openglm.agent import confine
 from openglm.agent.process import kill_leftover_commands, pid_record, running_pidfile
 from openglm.agent.tools.shell import run_shell
+from openglm.util import reaper
+from openglm.util.sandbox import Sandbox, SandboxConfig
+
+MODES = ["sandbox", "reaper-cgroup", "reaper-subreaper"]
+
+
+@pytest.fixture
+def sandbox(request, tmp_path, monkeypatch):
+    """The confinement a parametrised test runs its command in."""
+    mode = request.param
+    monkeypatch.setenv("OPENGLM_CONFINE_CGROUP", "0" if mode == "reaper-subreaper" else "1")
+    box = Sandbox(SandboxConfig(enabled=mode == "sandbox"), str(tmp_path))
+    yield box
+    box.close()
 
 
 def marked(marker: str) -> list[int]:
@@ -45,32 +59,33 @@ def escapes(marker: str) -> str:
             f" sleep 0.5; echo running=$(pgrep -c -f '^{marker}')")
 
 
-@pytest.mark.parametrize("cgroup", ["1", "0"])
-def test_escaping_children_die_when_the_command_ends(tmp_path, monkeypatch, cgroup):
-    monkeypatch.setenv("OPENGLM_CONFINE_CGROUP", cgroup)  # "0": the subreaper alone
+@pytest.mark.parametrize("sandbox", MODES, indirect=True)
+def test_escaping_children_die_when_the_command_ends(tmp_path, sandbox):
     marker = f"m{uuid.uuid4().hex[:10]}"
-    result = run_shell(escapes(marker) + "; echo done", str(tmp_path))
+    result = run_shell(escapes(marker) + "; echo done", str(tmp_path), sandbox=sandbox)
     assert result.exit_code == 0 and "running=4" in result.output and "done" in result.output
     assert wait_gone(marker) == []
 
 
-@pytest.mark.parametrize("cgroup", ["1", "0"])
-def test_escaping_children_die_on_timeout(tmp_path, monkeypatch, cgroup):
-    monkeypatch.setenv("OPENGLM_CONFINE_CGROUP", cgroup)
+@pytest.mark.parametrize("sandbox", MODES, indirect=True)
+def test_escaping_children_die_on_timeout(tmp_path, sandbox):
     marker = f"m{uuid.uuid4().hex[:10]}"
-    result = run_shell(escapes(marker) + "; sleep 100", str(tmp_path), timeout=2.5)
+    result = run_shell(escapes(marker) + "; sleep 100", str(tmp_path), timeout=2.5, sandbox=sandbox)
     assert result.killed == "timeout" and result.duration_s < 10 and "running=4" in result.output
     assert wait_gone(marker) == []
 
 
-def test_a_sigkilled_workers_commands_die_with_it(tmp_path):
+@pytest.mark.parametrize("enabled", [True, False], ids=["sandbox", "reaper"])
+def test_a_sigkilled_workers_commands_die_with_it(tmp_path, enabled):
     """The repro: a grandchild kept writing into the workspace for 8 s after the worker's SIGKILL."""
     marker = f"m{uuid.uuid4().hex[:10]}"
     out = tmp_path / "ticks"
     command = (f"setsid bash -c 'exec -a {marker} bash -c \"while :; do echo x >> {out}; sleep 0.05; done\"' & "
                f"(bash -c 'exec -a {marker} sleep 300' &); sleep 300")
     code = ("import sys; from openglm.agent.tools.shell import run_shell; "
-            f"run_shell({command!r}, {str(tmp_path)!r}, timeout=600)")
+            "from openglm.util.sandbox import Sandbox, SandboxConfig; "
+            f"box = Sandbox(SandboxConfig(enabled={enabled}), {str(tmp_path)!r}); "
+            f"run_shell({command!r}, {str(tmp_path)!r}, timeout=600, sandbox=box)")
     worker = subprocess.Popen([sys.executable, "-c", code], env={**os.environ})
     deadline = time.monotonic() + 30
     while not (out.exists() and out.stat().st_size > 20) and time.monotonic() < deadline:
@@ -82,10 +97,16 @@ def test_a_sigkilled_workers_commands_die_with_it(tmp_path):
     size = out.stat().st_size
     time.sleep(0.5)
     assert out.stat().st_size == size  # nothing writes into the workspace any more
+    # the killed worker's cgroups are empty now, and the next sandbox removes them
+    box = Sandbox(SandboxConfig(), str(tmp_path))
+    parents = {os.path.dirname(path) for path in box.cgroups.dirs.values()}
+    box.close()
+    assert not [name for parent in parents for name in os.listdir(parent)
+                if name.startswith(f"openglm-sandbox-{worker.pid}-")]
 
 
 def test_the_launcher_reports_the_commands_exit_status(tmp_path):
-    launcher = [sys.executable, "-I", "-S", confine.__file__, str(os.getpid()), "--"]
+    launcher = [sys.executable, "-I", "-S", reaper.__file__, str(os.getpid()), "--"]
     assert subprocess.run(launcher + ["sh", "-c", "exit 7"]).returncode == 7
     assert subprocess.run(launcher + ["sh", "-c", "kill -9 $$"]).returncode == 137
 

@@ -1,6 +1,7 @@
-"""The confinement launcher: `python -m openglm.agent.confine PARENT_PID -- bash -c COMMAND`.
+"""The reaper launcher: `python -I -S reaper.py PARENT_PID -- bash -c COMMAND`.
 
-Every shell command of a step runs under one of these. The launcher puts itself (and so the whole
+A task's commands run under it when the sandbox is switched off (`--unsafe-no-sandbox`; in the
+sandbox, bubblewrap's pid namespace does this job). The launcher puts itself (and so the whole
 command) in a fresh cgroup v2 when the machine offers one (killing = writing `cgroup.kill`: nothing
 escapes by `setsid` or a double fork), and is a child subreaper either way (PR_SET_CHILD_SUBREAPER:
 orphaned descendants are re-parented to it, not to init, so it can still find and kill them).
