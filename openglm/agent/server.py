@@ -6,11 +6,13 @@ import os
 import sys
 import threading
 
-from openglm.agent.api import check_bind, create_app
+from openglm.agent.api import AGENT_LIMITS, check_bind, create_app
 from openglm.agent.config import AgentConfig
 from openglm.agent.store import open_store
 from openglm.agent.worker import Worker
+from openglm.util.http_limits import uvicorn_config
 from openglm.util.ports import AGENT_PORT as DEFAULT_PORT
+from openglm.util.sandbox import status as sandbox_status
 
 
 SUPERVISE_S = 1.0  # how often dead worker threads are looked for
@@ -59,6 +61,22 @@ def start_workers(config: AgentConfig, n: int, stop: threading.Event) -> WorkerP
     return WorkerPool(config, n, stop)
 
 
+def announce_sandbox(config: AgentConfig, who: str) -> None:
+    """Say on stderr, where an operator sees it, when tasks' commands are not sandboxed."""
+    status = sandbox_status(config.sandbox)
+    if status == "bwrap":
+        return
+    bar = "!" * 100
+    if not config.sandbox.enabled:
+        text = (f"{who}: WARNING: --unsafe-no-sandbox: tasks' commands run UNCONFINED, as this server's user, with "
+                "its files and network. Use it only for tasks you trust.")
+    else:
+        text = (f"{who}: the sandbox for tasks' commands is {status}. Tasks run, but every command they try is "
+                "refused. Install bubblewrap and allow unprivileged user namespaces, or restart with "
+                "--unsafe-no-sandbox to run commands unconfined (only for tasks you trust).")
+    print(f"{bar}\n{text}\n{bar}", file=sys.stderr, flush=True)
+
+
 def serve(config: AgentConfig, host: str = "127.0.0.1", port: int = DEFAULT_PORT, workers: int = 1,
           token: str | None = None, view_token: str | None = None) -> None:
     import uvicorn  # the server's heavy dependency: loaded when serving
@@ -68,18 +86,21 @@ def serve(config: AgentConfig, host: str = "127.0.0.1", port: int = DEFAULT_PORT
     check_bind(host, token)
     if view_token and not token:
         raise ValueError("a read-only --view-token needs a full --token too (else every caller has full control)")
+    if workers > 0:
+        announce_sandbox(config, "agent-server")
     stop = threading.Event()
     pool = start_workers(config, workers, stop)
-    app = create_app(config, token=token, view_token=view_token,
+    app = create_app(config, token=token, view_token=view_token, host=host,
                      workers=pool if workers > 0 else None)  # 0 workers: API only, /health needs none
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        uvicorn.Server(uvicorn_config(app, host, port, AGENT_LIMITS, log_level="warning")).run()
     finally:
         stop.set()
 
 
 def run_worker(config: AgentConfig, max_tasks: int | None = None) -> int:
     # No graceful-stop dance: a killed worker's task is resumed by another once its lease expires.
+    announce_sandbox(config, "worker")
     stop = threading.Event()
     worker = Worker(config)
     print(f"worker {worker.id} polling {config.store_url}", flush=True)

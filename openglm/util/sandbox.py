@@ -111,6 +111,14 @@ def probe() -> str | None:
     return None
 
 
+def status(config: SandboxConfig) -> str:
+    """How commands run under `config` on this machine, in a few words (for /health and the start-up log)."""
+    if not config.enabled:
+        return "off (--unsafe-no-sandbox): commands run unconfined"
+    reason = probe()
+    return "bwrap" if reason is None else f"unavailable: {reason}; commands are refused"
+
+
 def _namespace_args(network: bool) -> list[str]:
     return ["--unshare-all", "--unshare-user", "--disable-userns", *(["--share-net"] if network else []),
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--die-with-parent", "--new-session"]
