@@ -138,16 +138,18 @@ class BearerAuth:
 
 
 def create_app(config: AgentConfig, store=None, token: str | None = None, hooks: Hooks | None = None,
-               view_token: str | None = None, workers=None, host: str | None = None) -> FastAPI:
+               view_token: str | None = None, workers=None, host: str | None = None,
+               limits: HTTPLimits = AGENT_LIMITS) -> FastAPI:
     """The task API over `store`; the hook layers of `config.hooks` (or `hooks`) add their routes and metrics.
     `view_token` (optional) is a read-only key: GET routes only (the dashboard without its controls).
     `workers`: the embedded WorkerPool whose liveness /health reports (None: workers run elsewhere).
-    `host`: the address the server binds (a concrete one is a name requests may use)."""
+    `host`: the address the server binds (a concrete one is a name requests may use); `limits`: the body
+    cap and deadlines (serve() gives uvicorn the same for its connection limits)."""
     store = store or open_store(config.store_url)
     hooks = hooks if hooks is not None else load_hooks(config.hooks, config)
     app = FastAPI(title="openglm agent", version="1")
     app.add_middleware(BearerAuth, token=token, view_token=view_token)
-    app.add_middleware(BodyLimit, limits=AGENT_LIMITS)
+    app.add_middleware(BodyLimit, limits=limits)
     app.add_middleware(TrustedRequests, names=served_names(config, host))  # the outermost: checked first
     app.state.store = store
     sandbox = sandbox_status(config.sandbox)
