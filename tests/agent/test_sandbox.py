@@ -221,3 +221,21 @@ def test_the_newcomer_example_calc_still_succeeds(tmp_path):
         server.stop()
     assert status["state"] == "SUCCEEDED", status
     assert "return a + b" in (ws / "calc.py").read_text()
+
+
+def test_an_unsandboxed_or_refusing_server_says_so_loudly(tmp_path, capsys, monkeypatch):
+    from openglm.agent.server import announce_sandbox
+    from openglm.util import sandbox
+
+    announce_sandbox(AgentConfig(data_dir=str(tmp_path)), "agent-server")
+    assert capsys.readouterr().err == ""  # the sandbox works: nothing to say
+    announce_sandbox(AgentConfig(data_dir=str(tmp_path), sandbox=SandboxConfig(enabled=False)), "agent-server")
+    assert "--unsafe-no-sandbox: tasks' commands run UNCONFINED" in capsys.readouterr().err
+    sandbox.probe.cache_clear()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    try:
+        announce_sandbox(AgentConfig(data_dir=str(tmp_path)), "worker")
+    finally:
+        sandbox.probe.cache_clear()
+    err = capsys.readouterr().err
+    assert "every command they try is refused" in err and "bubblewrap" in err
