@@ -239,3 +239,18 @@ def test_an_unsandboxed_or_refusing_server_says_so_loudly(tmp_path, capsys, monk
         sandbox.probe.cache_clear()
     err = capsys.readouterr().err
     assert "every command they try is refused" in err and "bubblewrap" in err
+
+
+def test_the_flags_reach_the_config(tmp_path):
+    import argparse
+
+    from openglm.agent import cli
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["agent-server", "--data-dir", str(tmp_path), "--unsafe-no-sandbox", "--workspace-root",
+                              "/srv/repos", "--public-name", "agent.example.org"])
+    config = cli._load_config(args)
+    assert not config.sandbox.enabled and config.workspace_roots == ["/srv/repos"]
+    assert config.public_names == ["agent.example.org"]
+    assert cli._load_config(parser.parse_args(["worker", "--data-dir", str(tmp_path)])).sandbox.enabled
