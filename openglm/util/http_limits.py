@@ -79,7 +79,8 @@ class BodyLimit:
                 return
             size += len(message.get("body", b""))
             if size > cap:
-                return await self.refuse(send, 413, f"the request body is larger than this server's limit of {cap} bytes")
+                return await self.refuse(send, 413,
+                                         f"the request body is larger than this server's limit of {cap} bytes")
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break

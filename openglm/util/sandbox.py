@@ -259,7 +259,8 @@ class Sandbox:
         size = str(self.config.tmp_bytes)
         args = [*_namespace_args(self.network), *_system_args(),
                 "--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm", "--proc", "/proc",
-                "--size", size, "--tmpfs", "/tmp", "--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
+                "--size", size, "--tmpfs", "/tmp",
+                "--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]  # CPU counts for tools
         for source, dest in _read_only_binds([*_python_paths(), *self.config.read_only]):
             args += ["--ro-bind", source, dest]
         for path, is_dir in _owner_only_etc():

@@ -195,7 +195,8 @@ def test_the_swe_policys_checks_run_in_the_sandbox(tmp_path):
              f"{str(canary)!r})}}, open('probe.json', 'w'))\n    assert False\n")
     turns = [turn(call("phase_done", summary="a pytest project")),
              turn(call("phase_done", summary="f returns 1", failing_tests=["tests/test_lib.py::test_f"])),
-             turn(call("regression_test", path="tests/test_probe.py", content=probe, test="tests/test_probe.py::test_probe"))]
+             turn(call("regression_test", path="tests/test_probe.py", content=probe,
+                       test="tests/test_probe.py::test_probe"))]
     config = AgentConfig(data_dir=str(tmp_path / "data"), lease_ttl=30, poll_interval=0.05)
     store = SQLiteStore(str(tmp_path / "agent.db"))
     service.submit(store, config, "tests/test_lib.py::test_f fails", str(ws), {"max_steps": 4})
