@@ -35,6 +35,9 @@ def build_engine(cfg: DeployConfig) -> LLMEngine | ModelRunner:
     config = engine_config(cfg, world)
     if world == 1:
         return LLMEngine.from_pretrained(path, config)
+    if config.device != "cpu":
+        raise ValueError(f"device {config.device!r}: tensor/expert-parallel serving runs on the CPU (gloo); a GPU "
+                         "serves one process")
     if not dist.is_initialized():
         # gloo: openglm's engine runs on the CPU (GPU serving is the vLLM/SGLang hand-off)
         dist.init_process_group("gloo", timeout=IDLE_TIMEOUT)
@@ -61,9 +64,11 @@ def serve(cfg: DeployConfig, api_key: str | None, limits: ServerLimits, public_m
     ranks = dist.get_world_size() if dist.is_initialized() else 1
     for note in unused_fields(cfg, ranks):
         print(f"openglm serve: note: {note}", file=sys.stderr)
-    app = create_app(built, cfg.name, api_key=api_key, public_metrics=public_metrics, limits=limits)
+    app = create_app(built, cfg.name, api_key=api_key, public_metrics=public_metrics, limits=limits,
+                     json_whitespace=cfg.json_whitespace)
     print(f"openglm serve: {cfg.name} on http://{cfg.host}:{cfg.port} (layout {cfg.layout}, {ranks} rank(s); "
-          f"{cfg.num_kv_blocks} KV blocks x {cfg.block_size} tokens, max_model_len {built.max_model_len})", flush=True)
+          f"{cfg.own('num_kv_blocks')} KV blocks x {cfg.own('block_size')} tokens, max_model_len "
+          f"{built.max_model_len})", flush=True)
     try:
         uvicorn.Server(uvicorn_config(app, cfg.host, cfg.port, limits, log_level)).run()
     finally:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from openglm.engine.block_manager import BlockManager
-from openglm.engine.config import EngineConfig
+from openglm.engine.config import EngineConfig, resolve_device
 from openglm.engine.grammar import GrammarEngine
 from openglm.engine.model_runner import ModelRunner
 from openglm.engine.outputs import EngineStats, RequestOutput
@@ -44,6 +44,9 @@ class LLMEngine:
                  runner: ModelRunner | None = None):  # runner: e.g. tensor-parallel rank 0's, which broadcasts
         self.config = config = config or EngineConfig()
         self.tokenizer = tokenizer
+        device = resolve_device(config.device)
+        if next(model.parameters()).device != device:  # the runner allocates its KV pool where the model is
+            model = model.to(device)
         model_len = getattr(model.config, "max_position_embeddings", None) or 4096
         pool_len = config.num_kv_blocks * config.block_size
         self.max_model_len = min(config.max_model_len or model_len, model_len, pool_len)
@@ -70,7 +73,7 @@ class LLMEngine:
 
         config = config or EngineConfig()
         path = resolve_checkpoint(path)
-        model = load_model(str(path), dtype=getattr(torch, config.dtype))
+        model = load_model(str(path), dtype=getattr(torch, config.dtype), device=str(resolve_device(config.device)))
         if config.quantization:
             from openglm.engine.quant import quantize_model  # optional (--quantization)
 

@@ -1,8 +1,9 @@
-"""openglm.model: GLM-5 (`glm_moe_dsa`) with MLA, DeepSeek Sparse Attention and MoE.
+"""openglm.model: GLM-5 (`glm_moe_dsa`) with MLA, DeepSeek Sparse Attention and MoE; GLM-4.x (`glm4_moe`) and
+GLM-4.7-Flash (`glm4_moe_lite`), one folder per family (`glm5/`, `glm4/`, `glm4_lite/`; see family.py).
 
     from openglm.model import ModelConfig, GlmMoeDsaForCausalLM, load_model, DynamicCache
     model = GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny"))
-    out = model(input_ids, attention_mask=mask, cache=DynamicCache(), return_aux=True)
+    logits = model(input_ids, attention_mask=mask, cache=DynamicCache()).logits
 
 Exports resolve lazily (see openglm/util/lazy.py).
 """

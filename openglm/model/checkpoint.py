@@ -26,7 +26,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from openglm.model import fp8, weights
+from openglm.model import fp8
+from openglm.model.hf_names import GLM_MOE, extra_layer, hf_name
 from openglm.model.config import FP32_TENSORS, ModelConfig
 from openglm.model.errors import (CheckpointError, CheckpointPathError, CheckpointTooLargeError, ConfigError,
                                   CorruptShardError, MissingShardError, MissingTensorError, NonFiniteTensorError,
@@ -99,11 +100,11 @@ def _hf_state_dict(model) -> dict[str, torch.Tensor]:
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
-        for hf_name, piece in weights.to_hf(weights.hf_name(name, n), t.detach()):
+        for disk_name, piece in GLM_MOE.to_hf(hf_name(name, n), t.detach()):
             # Expert slices share storage with the stacked tensor; safetensors wants separate storage.
-            out[hf_name] = piece.contiguous() if piece is t else piece.clone()
-    for hf_name, t in getattr(model, "mtp_extra", {}).items():
-        out[hf_name] = t.detach().contiguous()
+            out[disk_name] = piece.contiguous() if piece is t else piece.clone()
+    for disk_name, t in getattr(model, "mtp_extra", {}).items():
+        out[disk_name] = t.detach().contiguous()
     return out
 
 
@@ -307,7 +308,7 @@ def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu"
     target = dtype or stored
     _check_memory(Path(path), tensors, target, max_memory)
     n, nextn = cfg.num_hidden_layers, cfg.num_nextn_predict_layers
-    mtp_found = {weights.extra_layer(k, n, nextn) for k in tensors} - {None}
+    mtp_found = {extra_layer(k, n, nextn) for k in tensors} - {None}
     if not mtp_found:  # a checkpoint without its next-n layers (transformers drops them): a model without them
         cfg = cfg.replace(num_nextn_predict_layers=0)
     with ExitStack() as stack:
@@ -351,8 +352,7 @@ def _fill(cfg, path, handles, quant, target, device):
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         try:
-            t, names = weights.load_native(weights.hf_name(name, cfg.num_hidden_layers), p.shape, get,
-                                           handles.__contains__)
+            t, names = GLM_MOE.load_native(hf_name(name, cfg.num_hidden_layers), p.shape, get, handles.__contains__)
         except KeyError as e:
             raise MissingTensorError(f"checkpoint {path} lacks tensor {e.args[0]!r}") from None
         used.update(names)
@@ -360,8 +360,8 @@ def _fill(cfg, path, handles, quant, target, device):
         keep_fp32 = name.endswith("e_score_correction_bias")
         state[name] = t.to(device=device, dtype=torch.float32 if keep_fp32 else target)
     for k in handles:
-        i = weights.extra_layer(k, cfg.num_hidden_layers, cfg.num_nextn_predict_layers)
-        if i is not None and k.endswith(weights.MTP_OPTIONAL) and k not in used:
+        i = extra_layer(k, cfg.num_hidden_layers, cfg.num_nextn_predict_layers)
+        if i is not None and k.endswith(GLM_MOE.nextn_copies) and k not in used:
             model.mtp_extra[k] = get(k).to(device=device, dtype=target)
             used.update([k, k + fp8.SCALE_SUFFIX])
     model.load_state_dict(state, strict=not cfg.tie_word_embeddings, assign=True)

@@ -31,12 +31,14 @@ FP32_TENSORS = ("e_score_correction_bias", "indexer.weights_proj.weight")
 ATTENTION_KINDS = ("dsa", "dense", "local_global_random", "sliding_window")
 ACTIVATIONS = ("silu", "gelu", "relu")
 ROUTERS = ("sigmoid", "softmax")
+ROUTER_CONTEXTS = ("none", "gated")  # "gated": the gate also reads a causal summary of the context (context_router.py)
+ROUTER_CONTEXT_HEADS = 4  # the summary's channels share one decay and one write gate per group of dim / 4
 
 # openglm-only options: written to config.json under "openglm", never as top-level HF keys.
 OPENGLM_OPTIONS = (
     "attention_kinds", "sliding_window", "lgr_local_window", "lgr_global_stride", "lgr_random",
     "lgr_seed", "attn_query_chunk", "router", "cv_loss_coef", "switch_loss_coef", "z_loss_coef",
-    "capacity_factor",
+    "capacity_factor", "router_context", "router_context_dim", "router_context_window",
 )
 @dataclass
 class ModelConfig:
@@ -92,6 +94,9 @@ class ModelConfig:
     switch_loss_coef: float = 0.0  # Switch/Mixtral load-balancing loss
     z_loss_coef: float = 0.0  # router z-loss (ST-MoE)
     capacity_factor: float | None = None  # None: dropless; else per-expert capacity with token dropping
+    router_context: str = "none"  # "gated": the router also reads a causal summary of the tokens before (off: GLM)
+    router_context_dim: int = 32  # channels of that summary
+    router_context_window: int = 32  # tokens the summary reaches back (the current one included)
 
     def __post_init__(self):
         check_field_types(self)
@@ -176,6 +181,13 @@ class ModelConfig:
             raise ConfigError(f"hidden_act={self.hidden_act!r} is not supported (choose from {ACTIVATIONS})")
         if self.router not in ROUTERS:
             raise ConfigError(f"router={self.router!r} is not one of {ROUTERS}")
+        if self.router_context not in ROUTER_CONTEXTS:
+            raise ConfigError(f"router_context={self.router_context!r} is not one of {ROUTER_CONTEXTS}")
+        if self.router_context_dim <= 0 or self.router_context_dim % ROUTER_CONTEXT_HEADS:
+            raise ConfigError(f"router_context_dim={self.router_context_dim} must be a positive multiple of "
+                              f"{ROUTER_CONTEXT_HEADS}")
+        if self.router_context_window < 1:
+            raise ConfigError(f"router_context_window={self.router_context_window} must be >= 1")
         if self.n_routed_experts % self.n_group:
             raise ConfigError(f"n_routed_experts={self.n_routed_experts} is not divisible by n_group={self.n_group}")
         if not 1 <= self.topk_group <= self.n_group:
@@ -318,6 +330,8 @@ def export_warnings(cfg: ModelConfig) -> list[str]:
         out.append(f"router={cfg.router!r}: the engines' GLM models route with sigmoid + e_score_correction_bias")
     if cfg.capacity_factor is not None:
         out.append("capacity_factor: the engines never drop tokens")
+    if cfg.router_context != "none":
+        out.append(f"router_context={cfg.router_context!r}: the engines' GLM routers read the hidden state only")
     if cfg.hidden_act != "silu":
         out.append(f"hidden_act={cfg.hidden_act!r}: the engines support silu only")
     if cfg.tie_word_embeddings:

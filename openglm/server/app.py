@@ -26,13 +26,13 @@ from openglm.server.status_page import register as register_status_page
 from openglm.util.auth import Access, access
 
 def create_app(engine, model_name: str, api_key: str | None = None, public_metrics: bool = False,
-               limits: ServerLimits | None = None) -> FastAPI:
+               limits: ServerLimits | None = None, json_whitespace: str = "compact") -> FastAPI:
     if api_key is not None and not api_key.strip():
         raise ValueError("the API key is empty: pass a non-empty key, or none to serve without one")
     limits = limits or ServerLimits()
     metrics = ServerMetrics()
     async_engine = AsyncEngine(engine, limits.max_queue, metrics)
-    serving = OpenAIServing(async_engine, model_name)
+    serving = OpenAIServing(async_engine, model_name, json_whitespace)
     metrics.observe_engine(engine)
 
     @contextlib.asynccontextmanager

@@ -19,7 +19,7 @@ from openglm.server.async_engine import AsyncEngine
 from openglm.server.errors import APIError
 from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
 from openglm.server import render
-from openglm.server.structured import request_grammar
+from openglm.server.structured import json_layout, request_grammar
 from openglm.tokenizer import TokenizerError
 
 
@@ -30,11 +30,12 @@ class OpenAIServing:
     """The endpoints over an `AsyncEngine`. Of the engine itself they use only what never changes while it runs:
     its tokenizer, `check_prompt`, `max_model_len` and the grammar compiler (built here, once)."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str):
+    def __init__(self, engine: AsyncEngine, model_name: str, json_whitespace: str = "compact"):
         self.engine, self.model_name = engine, model_name
         self.llm = engine.engine
         self.tokenizer, self.max_model_len = self.llm.tokenizer, self.llm.max_model_len
         self.grammar_engine = self.llm.grammar
+        self.json_whitespace = json_whitespace  # JSON layout of constrained output unless a request says
         self.pool = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="openglm-tokenize")
 
     async def off_loop(self, fn, *args):
@@ -123,10 +124,14 @@ class OpenAIServing:
         return JSONResponse(render.chat_body(meta, finals[0], thinking, tools))
 
     def grammar(self, req: ChatCompletionRequest, thinking: bool) -> str | None:
-        """The grammar the answer decodes under, checked here (a 400); None when nothing constrains it."""
-        if not req.constrained():
+        """The grammar the answer decodes under, checked here (a 400); None when nothing constrains it. A request
+        with tools enters structured.py even when no call is forced: their schemas are checked (a 400 naming the
+        keyword) because the output parser types arguments by them."""
+        if not (req.tools or req.constrained()):
             return None
-        grammar = request_grammar(req, self.tokenizer, thinking)
+        grammar = request_grammar(req, self.tokenizer, thinking, json_layout(req, self.json_whitespace))
+        if grammar is None:
+            return None
         try:
             self.grammar_engine.check(grammar)
         except GrammarError as exc:

@@ -251,7 +251,7 @@ class Trainer:
         bf16 = self.cfg.dtype == "bf16"
         mtp = self._trains_mtp and inputs.shape[1] > 1
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
-            out = self.model(inputs, return_aux=True, return_mtp=mtp)
+            out = self.model(inputs, aux=True, mtp=mtp)
         logits = out.logits.float()
         lm = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
         aux = out.aux.aux_loss.float() if out.aux is not None else torch.zeros((), device=lm.device)

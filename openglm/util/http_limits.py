@@ -138,8 +138,9 @@ def header_timeout_protocol(header_timeout_s: float) -> type[H11Protocol]:
     return HeaderTimeoutProtocol
 
 
-def uvicorn_config(app, host: str, port: int, limits: HTTPLimits, log_level: str = "info"):
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level,
+def uvicorn_config(app, host: str, port: int, limits: HTTPLimits, log_level: str = "info", **options):
+    """uvicorn's Config with `limits` applied; `options` are more of its keyword arguments (e.g. access_log)."""
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, **options,
                           http=header_timeout_protocol(limits.header_timeout_s),
                           timeout_keep_alive=limits.keep_alive_s, limit_concurrency=limits.limit_concurrency,
                           h11_max_incomplete_event_size=64 << 10)  # request line + headers: at most 64 KiB

@@ -21,7 +21,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from openglm.model.native import dsa_kernels, ptr
+from openglm.model import gpu
+from openglm.model.native import check, dsa_kernels, ptr
 from openglm.model.sparse import DEFAULT_BUDGET, check_qkv, needs_grad
 from openglm.model.sparse_patterns import SparsePattern, allowed, key_positions
 
@@ -79,7 +80,7 @@ def index_scores(index_q, index_k_t, weights, scale: float, score_dtype=torch.fl
     With a `Scratch`, the intermediates (and the result) live in its reused buffers."""
     b, nq, hi, di = index_q.shape
     tk = index_k_t.shape[-1]
-    scratch = scratch or Scratch()
+    scratch = scratch or Scratch(index_q.device)
     q = index_q.reshape(b, nq * hi, di).to(score_dtype)
     # one [Q*Hi, Di] x [Di, Tk] product per sequence; the scale is applied after the relu
     sc = torch.bmm(q, index_k_t, out=scratch.take("heads", (b, nq * hi, tk), score_dtype)).relu_()
@@ -96,9 +97,10 @@ class Scratch:
     at 32K was 2.6x fused SDPA's while far less was live). A buffer is allocated once, at the largest size
     the caller announces (`reserve`), and each block takes a view of its front."""
 
-    def __init__(self):
+    def __init__(self, device=None):
         self._bufs: dict[str, torch.Tensor] = {}
         self._sizes: dict[str, int] = {}
+        self.device = device
 
     def reserve(self, name: str, numel: int) -> None:
         self._sizes[name] = max(self._sizes.get(name, 0), numel)
@@ -107,7 +109,7 @@ class Scratch:
         n = math.prod(shape)
         buf = self._bufs.get(name)
         if buf is None or buf.numel() < n or buf.dtype != dtype:
-            buf = self._bufs[name] = torch.empty(max(n, self._sizes.get(name, 0)), dtype=dtype)
+            buf = self._bufs[name] = torch.empty(max(n, self._sizes.get(name, 0)), dtype=dtype, device=self.device)
         return buf[:n].view(shape)
 
 
@@ -213,8 +215,8 @@ class _Selector:
         self.kpos = self.valid = None
         if not self.plain:
             self.kpos, self.valid = key_positions(key_mask, key_pos, b, tk, device=index_k.device)
-        self.scratch = Scratch()
-        self.lib = dsa_kernels()
+        self.scratch = Scratch(index_k.device)
+        self.lib = dsa_kernels() if index_k.device.type == "cpu" else None  # the C kernels read CPU memory
         self.padded = self.tiles = None  # built on the first block that needs them (never for a decode step)
         width = tk + (-tk % self.tile)  # the scored range, in whole tiles
         if self.lib is not None:  # fp32 score rows, and per-head scores of one key tile
@@ -276,20 +278,23 @@ class _Selector:
         is_bf16 = int(self.score_dtype == torch.bfloat16)
         if nq <= FEW_QUERIES:
             heads = torch.bmm(q, self.kt[:, :, :qe])  # [B, nq * Hi, qe]
-            lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, qe, ptr(w), ptr(n_keys), 0, ptr(rows), scored)
+            check(lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, qe, ptr(w), ptr(n_keys), 0, ptr(rows), scored),
+                  "dsa_head_sum")
         else:
             t = self.key_tile
             tiles = self._tiles()
             heads = self.scratch.take("heads", (b, nq * hi, t), self.score_dtype)
             for c0 in range(0, scored, t):  # keys past n_keys (the tile's padding among them) are not read
                 torch.bmm(q, tiles[:, c0 // t], out=heads)
-                lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, t, ptr(w), ptr(n_keys), c0, ptr(rows), scored)
+                check(lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, t, ptr(w), ptr(n_keys), c0, ptr(rows), scored),
+                      "dsa_head_sum")
         out = torch.empty(b, nq, self.n_top, dtype=torch.long, device=index_q.device)
         work = self.scratch.take("work", (4 * scored,), torch.float32)
         tied = torch.empty(rows_n, dtype=torch.uint8)
         n_sample = int(PREFILTER_SLACK * self.n_top / PREFILTER_STRIDE)
-        if lib.dsa_rows_topk(ptr(rows), scored, rows_n, ptr(n_keys), None if visible is None else ptr(visible), qe,
-                             self.n_top, PREFILTER_STRIDE, n_sample, ptr(out), self.n_top, ptr(work), ptr(tied)):
+        if check(lib.dsa_rows_topk(ptr(rows), scored, rows_n, ptr(n_keys), None if visible is None else ptr(visible),
+                                   qe, self.n_top, PREFILTER_STRIDE, n_sample, ptr(out), self.n_top, ptr(work),
+                                   ptr(tied)), "dsa_rows_topk"):
             r = tied.bool().nonzero().squeeze(1)
             beyond = torch.arange(scored)[None, :] >= n_keys[r, None]  # not written by the C: invisible
             out.view(rows_n, -1)[r] = self._tie_break(rows[r].masked_fill(beyond, float("-inf")))
@@ -343,19 +348,23 @@ def gather_attention(q, k, v, topk_idx, *, scale: float | None = None,
     lo, hi = torch.stack(torch.aminmax(topk_idx)).tolist() if topk_idx.numel() else (0, -1)
     if hi >= tk:  # the native kernels would read past the cache
         raise IndexError(f"topk_idx holds slot {hi}, but there are only {tk} keys")
+    if gpu.wanted(q):  # CUDA: the Triton sparse MLA kernel (model/gpu.py)
+        return gpu.gather_attention(q, k, v, topk_idx, dk ** -0.5 if scale is None else scale)
     return _attend_slots(q, k, v, topk_idx, dk ** -0.5 if scale is None else scale, budget_bytes, sorted_slots,
+                         needs_grad(q, k, v),
                          complete=lo >= 0)
 
 
-def _attend_slots(q, k, v, topk_idx, scale: float, budget_bytes: int, sorted_slots: bool, complete: bool):
+def _attend_slots(q, k, v, topk_idx, scale: float, budget_bytes: int, sorted_slots: bool, grad: bool,
+                  complete: bool):
     """gather_attention without its checks, for slots this module selected. complete: no slot is -1 anywhere
-    (a decode step without padding): nothing to mask or zero."""
+    (a decode step without padding): nothing to mask or zero. grad: autograd records q, k or v (`needs_grad`)."""
     b, h, tq, dk = q.shape
     tk = k.shape[2]
     # A CSR row cannot hold more entries than the matrix has columns (padding entries repeat slot 0).
-    if (needs_grad(q, k, v) or tq <= FEW_QUERIES or q.dtype != torch.float32 or k.dtype != torch.float32
-            or topk_idx.shape[-1] > tk):
-        out = _gathered_attend(q, k, v, topk_idx, scale, budget_bytes, complete)
+    if (grad or tq <= FEW_QUERIES or q.dtype != torch.float32 or k.dtype != torch.float32
+            or topk_idx.shape[-1] > tk or q.device.type != "cpu"):  # (the key-major paths are CPU kernels)
+        out = _gathered_attend(q, k, v, topk_idx, scale, budget_bytes, grad, complete)
         if complete:
             return out
     else:
@@ -427,23 +436,24 @@ def _native_attend(lib, q, k, v, idx, scale: float, out) -> None:
     hkv, tk = k.shape[:2]
     key_start = torch.empty(tk + 1, dtype=torch.long)
     pair_q = torch.empty(idx.numel(), dtype=torch.int32)
-    n = lib.dsa_pairs_by_key(ptr(idx), nq, idx.shape[1], tk, ptr(key_start), ptr(pair_q))
+    n = check(lib.dsa_pairs_by_key(ptr(idx), nq, idx.shape[1], tk, ptr(key_start), ptr(pair_q)), "dsa_pairs_by_key")
     pair_q = pair_q[:n]
     sc, rowmax, rowsum = q.new_empty(n), q.new_empty(nq), q.new_empty(nq)
     o = out if out.stride(-1) == 1 else q.new_empty(out.shape)
     g = h // hkv
     for j in range(h):
         kh, vh = k[j // g], v[j // g]
-        lib.dsa_pair_scores(ptr(q[j]), q.stride(1), ptr(kh), kh.stride(0), tk, dk, scale, ptr(key_start),
-                            ptr(pair_q), ptr(sc), ptr(rowmax), nq)
-        lib.dsa_pair_exp(ptr(sc), ptr(pair_q), ptr(rowmax), n)  # softmax numerators; divided by their sum below
-        lib.dsa_pair_values(ptr(vh), vh.stride(0), tk, v.shape[-1], ptr(key_start), ptr(pair_q), ptr(sc),
-                            ptr(o[j]), o.stride(1), ptr(rowsum), nq)
+        check(lib.dsa_pair_scores(ptr(q[j]), q.stride(1), ptr(kh), kh.stride(0), tk, dk, scale, ptr(key_start),
+                                  ptr(pair_q), ptr(sc), ptr(rowmax), nq), "dsa_pair_scores")
+        # softmax numerators; divided by their sum below
+        check(lib.dsa_pair_exp(ptr(sc), ptr(pair_q), ptr(rowmax), n), "dsa_pair_exp")
+        check(lib.dsa_pair_values(ptr(vh), vh.stride(0), tk, v.shape[-1], ptr(key_start), ptr(pair_q), ptr(sc),
+                                  ptr(o[j]), o.stride(1), ptr(rowsum), nq), "dsa_pair_values")
     if o is not out:
         out.copy_(o)
 
 
-def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int, complete: bool = False):
+def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int, grad: bool, complete: bool = False):
     """Gather each query block's selected key (and value) rows for all sequences at once, then matmul +
     softmax + matmul; differentiable. [B, H, Tq, Dv] in q's dtype; rows with no slot come out finite (the
     caller zeroes them). complete: no slot is -1 (then nothing is masked). At most SMALL_ROWS (sequence, query)
@@ -459,9 +469,9 @@ def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int, complet
     block = _block(per_query, tq, min(budget_bytes, GATHER_BLOCK_BYTES))
     qt = q.transpose(1, 2)  # [B, Tq, H, Dk]: the model's own layout, so usually a view
     # Without autograd one gather buffer serves every block: fresh multi-MB allocations page-fault each time.
-    reuse = block < tq and not (torch.is_grad_enabled() and k_rows.requires_grad)
+    reuse = block < tq and not grad
     k_buf = k_rows.new_empty(b * block * n_top, k_rows.shape[1]) if reuse else None
-    work = torch.float32 if b * tq <= SMALL_ROWS and not torch.is_grad_enabled() else q.dtype
+    work = torch.float32 if b * tq <= SMALL_ROWS and not grad else q.dtype
     out = []
     for s in range(0, tq, block):
         e = min(tq, s + block)
@@ -568,6 +578,11 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
     index_scale = _check_scale(di ** -0.5 if index_scale is None else index_scale)
     past = tk - tq
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if gpu.wanted(q):  # CUDA: Triton indexer + sparse MLA attention (model/gpu.py); None: they do not apply
+        out = gpu.dsa_attention(q, k, v, index_q, index_k, weights, topk, scale=scale, index_scale=index_scale,
+                                key_mask=key_mask, key_pos=key_pos, score_dtype=score_dtype, return_slots=return_slots)
+        if out is not None:
+            return out
     grad = needs_grad(q, k, v)
     index_q, weights, index_k = index_q.detach(), weights.detach(), index_k.detach()  # the selection has no gradient
     select = _Selector(index_k, key_mask, key_pos, index_scale, topk, score_dtype,
@@ -575,7 +590,7 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
     block, n_top = select.block, select.n_top
     # Attention runs on chunks of several indexer blocks: each head's keys are then reused by the whole chunk
     # while they are in cache; the chunk's selected pairs cost chunk x k x (NATIVE_)PAIR_BYTES.
-    native = dsa_kernels() is not None and value_dtype == torch.float32 and not grad
+    native = dsa_kernels() is not None and value_dtype == torch.float32 and not grad and q.device.type == "cpu"
     chunk = block if query_chunk else max(block, _pair_block(n_top, tq, budget_bytes, native) // block * block)
     if value_dtype != torch.float32 and not grad:
         v = v.to(value_dtype)  # one O(N) cast, not one per block
@@ -601,7 +616,7 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
             slots[:, c:ce, :idx.shape[-1]] = idx
         # Every query past the first n_top slots of a sequence without padding sees n_top keys: no slot unused.
         complete = select.plain and past + c >= n_top or bool((idx >= 0).all())
-        o = _attend_slots(q[:, :, c:ce], k[:, :, :qe], v[:, :, :qe], idx, scale, budget_bytes, True, complete)
+        o = _attend_slots(q[:, :, c:ce], k[:, :, :qe], v[:, :, :qe], idx, scale, budget_bytes, True, grad, complete)
         if isinstance(out, list):
             out.append(o)
         else:
