@@ -31,6 +31,7 @@ import math
 import os
 import resource
 import shutil
+import signal
 import site
 import stat
 import sys
@@ -297,6 +298,16 @@ class Sandbox:
         if "memory" not in self.cgroups.dirs:
             _limit(resource.RLIMIT_AS, self.memory_bytes)
 
+    def stop(self, pid: int, init: tuple[int, int] | None = None) -> None:
+        """End the command whose launcher is `pid` (`init`: its pid namespace's, from `namespace_init`, if
+        known); every process of it has exited when this returns, so nothing it started writes into the
+        workspace afterwards."""
+        if self.mode == "bwrap":
+            kill_namespace(init or namespace_init(pid))  # first: while bwrap lives, its init is findable
+        for path in set(self.cgroups.dirs.values()):  # the task's cgroups hold every process of it, bwrap's too
+            kill_cgroup(path)
+        proc.stop_group(pid)  # bwrap itself (the reaper: SIGTERM, and it kills its tree before exiting)
+
     # ---- what happened ----
     def over_memory(self, pid: int) -> bool:
         """The watchdog's check where no memory cgroup holds the tree: its total RSS above the limit?"""
@@ -319,6 +330,68 @@ class Sandbox:
 
     def close(self) -> None:
         self.cgroups.remove()
+
+
+def namespace_init(bwrap_pid: int) -> tuple[int, int] | None:
+    """(pid, start time) of the init of a sandboxed command's pid namespace: bwrap's one child (None: not
+    started yet, or gone). The start time tells it apart from a later process given the same pid."""
+    try:
+        children = psutil.Process(bwrap_pid).children()
+    except psutil.Error:
+        return None
+    start = proc.start_time(children[0].pid) if children else None
+    return None if start is None else (children[0].pid, start)
+
+
+def is_sandbox_cgroup(path) -> bool:
+    """Whether `path` names a cgroup a Sandbox made (what a record of a running command may ask to kill)."""
+    path = os.path.realpath(str(path))
+    return path.startswith("/sys/fs/cgroup/") and os.path.basename(path).startswith("openglm-sandbox-")
+
+
+def kill_cgroup(path: str, timeout_s: float = 10.0) -> None:
+    """SIGKILL every process of a sandbox's cgroup until it holds none (a process being forked is caught on a
+    later round; none can leave the cgroup from inside the sandbox), then wait until each has exited (the
+    cgroup stops listing a process a moment before it is done)."""
+    deadline, killed = time.monotonic() + timeout_s, {}
+    while time.monotonic() < deadline:
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                pids = [int(line) for line in f if line.strip()]
+        except (OSError, ValueError):
+            pids = []
+        if not pids:
+            break
+        for pid in pids:
+            killed.setdefault(pid, proc.start_time(pid))
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.005)
+    for pid, start in killed.items():
+        while _still_running(pid, start) and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+
+def _still_running(pid: int, start: int | None) -> bool:
+    """Whether the process that had `start` (not a later one given its pid) is there and not yet a zombie."""
+    return start is not None and proc.start_time(pid) == start and not proc.exited(pid)
+
+
+def kill_namespace(init: tuple[int, int] | None, timeout_s: float = 10.0) -> None:
+    """SIGKILL a pid namespace's init, (pid, start time), and wait until it has exited: the kernel kills
+    every other process of the namespace, and waits for them, before the init itself becomes a zombie. An
+    init already gone (or a pid now another process's) is left alone: its namespace is empty."""
+    if init is None or not _still_running(*init):
+        return
+    try:
+        os.kill(init[0], signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while _still_running(*init) and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def cpu_seconds(timeout_s: float, cpus: list[int] | None) -> int:

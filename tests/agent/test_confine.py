@@ -1,22 +1,26 @@
 """Process repros: a step's commands (setsid children and double forks included) die with the step,
 and with a SIGKILLed worker, in the sandbox (bubblewrap's pid namespace) and without it (the reaper
-launcher, with and without a cgroup); a pid record from another machine or boot, or for a reused pid,
-is never signalled."""
+launcher, with and without a cgroup); a stopped command has ended when the tool returns; a resuming
+worker ends a left-over command before going on; a pid record from another machine or boot, for a reused
+pid, or naming a cgroup that is not a sandbox's, is never acted on."""
 
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 from openglm.agent.process import kill_leftover_commands, pid_record, running_pidfile
 from openglm.agent.tools.shell import run_shell
 from openglm.util import reaper
-from openglm.util.sandbox import Sandbox, SandboxConfig
+from openglm.util.proc import start_time
+from openglm.util.sandbox import Sandbox, SandboxConfig, is_sandbox_cgroup
 
 MODES = ["sandbox", "reaper-cgroup", "reaper-subreaper"]
 
@@ -75,6 +79,74 @@ def test_escaping_children_die_on_timeout(tmp_path, sandbox):
     assert wait_gone(marker) == []
 
 
+def writer(marker: str, out) -> str:
+    """A command whose setsid child appends to `out` every 10 ms, with a second marked sleeper; it prints
+    "started" once the writer has written."""
+    quiet = "</dev/null >/dev/null 2>&1"  # not holding the output pipe: the tool does not wait for them to close it
+    return (f"setsid bash -c 'exec -a {marker} bash -c \"while :; do echo x >> {out}; sleep 0.01; done\"' {quiet} & "
+            f"(bash -c 'exec -a {marker} sleep 300' {quiet} &); while [ ! -s {out} ]; do sleep 0.01; done; "
+            "echo started; sleep 300")
+
+
+def still_writing(out, settle_s: float = 0.3) -> bool:
+    size = out.stat().st_size
+    time.sleep(settle_s)
+    return out.stat().st_size != size
+
+
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+@pytest.mark.parametrize("sandbox", MODES, indirect=True)
+def test_a_stopped_command_has_ended_when_the_tool_returns(tmp_path, sandbox, how):
+    """No grace period afterwards: once the step has its result (and may be rolled back), nothing the
+    command started runs or writes."""
+    marker, out = f"m{uuid.uuid4().hex[:10]}", tmp_path / "ticks"
+    stop = (lambda: False) if how == "timeout" else (lambda: out.exists() and out.stat().st_size > 20)
+    result = run_shell(writer(marker, out), str(tmp_path), timeout=4 if how == "timeout" else 120, sandbox=sandbox,
+                       should_stop=stop)
+    assert result.killed == ("timeout" if how == "timeout" else "cancelled") and "started" in result.output
+    assert marked(marker) == []  # at once: no waiting for the kernel to finish the job
+    assert not still_writing(out)
+
+
+def test_a_resuming_worker_ends_a_left_over_sandboxed_command_before_going_on(tmp_path):
+    """The record names the sandbox's pid namespace and the task's cgroups: a worker that takes the task over
+    kills every process of the command and returns only when none is left (then restores the workspace)."""
+    marker, out = f"m{uuid.uuid4().hex[:10]}", tmp_path / "ticks"
+    box = Sandbox(SandboxConfig(), str(tmp_path))
+    pidfile = running_pidfile(tmp_path)
+    done = {}
+    runner = threading.Thread(target=lambda: done.update(r=run_shell(writer(marker, out), str(tmp_path), timeout=120,
+                                                                     sandbox=box, pidfile=pidfile)))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (out.exists() and out.stat().st_size > 20) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        record = json.loads(Path(pidfile).read_text())
+        assert record["cgroups"] == sorted(set(box.cgroups.dirs.values())) and record["init"] > 1
+        kill_leftover_commands(tmp_path)  # as the next worker would, the command still running
+        assert marked(marker) == [] and not still_writing(out)
+        assert not os.path.exists(pidfile)
+    finally:
+        runner.join(30)
+        box.close()
+    assert done["r"].exit_code != 0
+
+
+@pytest.mark.parametrize("path", ["/sys/fs/cgroup/pids", "/sys/fs/cgroup/pids/openglm-sandbox-1/..", "/",
+                                  "/tmp/openglm-sandbox-1", "/sys/fs/cgroup/memory/user.slice"])
+def test_a_pid_record_cannot_name_a_cgroup_that_is_not_a_sandboxs(path):
+    assert not is_sandbox_cgroup(path)  # killing every process of such a cgroup would kill the machine's
+
+
+def test_a_sandboxs_own_cgroups_are_recognised(tmp_path):
+    box = Sandbox(SandboxConfig(), str(tmp_path))
+    try:
+        assert box.cgroups.dirs and all(is_sandbox_cgroup(p) for p in box.cgroups.dirs.values())
+    finally:
+        box.close()
+
+
 @pytest.mark.parametrize("enabled", [True, False], ids=["sandbox", "reaper"])
 def test_a_sigkilled_workers_commands_die_with_it(tmp_path, enabled):
     """The repro: a grandchild kept writing into the workspace for 8 s after the worker's SIGKILL."""
@@ -115,15 +187,19 @@ def sleeper() -> subprocess.Popen:
     return subprocess.Popen(["sleep", "300"], start_new_session=True)
 
 
-@pytest.mark.parametrize("tamper", ["host", "boot_id", "start", "bare number"])
+@pytest.mark.parametrize("tamper", ["host", "boot_id", "start", "bare number", "init_start"])
 def test_a_foreign_or_stale_pid_record_is_never_signalled(tmp_path, tamper):
     proc = sleeper()
     try:
-        record = json.loads(pid_record(proc.pid))
+        # the sleeper stands for both the launcher and the sandbox's init (each checked on its own)
+        init = (proc.pid, start_time(proc.pid))
+        record = json.loads(pid_record(proc.pid, init=init if tamper != "start" else None))
         if tamper == "bare number":  # the old format: no way to tell whose it is
             text = str(proc.pid)
         else:
-            record[tamper] = record[tamper] + 1 if tamper == "start" else "elsewhere"
+            if tamper == "init_start":
+                record["start"] += 1
+            record[tamper] = record[tamper] + 1 if tamper in ("start", "init_start") else "elsewhere"
             text = json.dumps(record)
         with open(running_pidfile(tmp_path), "w") as f:
             f.write(text)

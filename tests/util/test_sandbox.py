@@ -1,12 +1,16 @@
 """The sandbox module on its own: its settings, what the filesystem inside holds, refusals, the
-unsandboxed mode, and the environment a command gets."""
+unsandboxed mode, the environment a command gets, and the kills that end a command (its pid namespace,
+its cgroup) returning only once every process of it has exited."""
 
 import os
+import time
+import uuid
 
 import pytest
 
 from openglm.util import proc
-from openglm.util.sandbox import Sandbox, SandboxConfig, SandboxUnavailable, probe, status
+from openglm.util.sandbox import (Sandbox, SandboxConfig, SandboxUnavailable, kill_cgroup, kill_namespace,
+                                  namespace_init, probe, status)
 
 
 @pytest.fixture
@@ -77,3 +81,55 @@ def test_unsandboxed_mode_runs_under_the_reaper_and_says_so(tmp_path):
 
 def test_this_machine_can_build_the_sandbox():
     assert probe() is None and status(SandboxConfig()) == "bwrap"
+
+
+def marked(marker: str) -> list[int]:
+    """Processes whose argv[0] is the marker (the launchers, whose command line holds it too, are not)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                found += [int(pid)] if f.read().split(b"\0")[0] == marker.encode() else []
+        except OSError:
+            pass
+    return found
+
+
+def start_escapees(sandbox, marker: str):
+    """A command whose marked children left its process group (setsid, a double fork); returns once they run."""
+    sleeper = f"bash -c 'exec -a {marker} sleep 300' </dev/null >/dev/null 2>&1"
+    command = f"setsid {sleeper} & ({sleeper} &); sleep 300"
+    launched = proc.spawn(["bash", "-c", command], cwd=sandbox.workspace, env=sandbox.env(), sandbox=sandbox,
+                          stdout=proc.DEVNULL, stderr=proc.DEVNULL)
+    deadline = time.monotonic() + 30
+    while len(marked(marker)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(marked(marker)) == 2
+    return launched
+
+
+def test_killing_the_namespaces_init_ends_every_process_in_it_before_returning(box):
+    marker = f"m{uuid.uuid4().hex[:10]}"
+    launched = start_escapees(box, marker)
+    try:
+        init = namespace_init(launched.pid)
+        assert init is not None and init[0] != launched.pid
+        kill_namespace(init)
+        assert marked(marker) == []  # no waiting: gone when the call returns
+        kill_namespace(init)  # an init that is gone (its pid perhaps another process's now) is left alone
+    finally:
+        proc.kill_group(launched.pid)
+        launched.wait()
+
+
+def test_killing_a_sandbox_cgroup_ends_every_process_in_it_before_returning(tmp_path):
+    marker = f"m{uuid.uuid4().hex[:10]}"
+    box = Sandbox(SandboxConfig(enabled=False), str(tmp_path))  # the reaper: no pid namespace to do the job
+    try:
+        assert "pids" in box.cgroups.dirs, "this machine gives no pids cgroup"
+        launched = start_escapees(box, marker)
+        kill_cgroup(box.cgroups.dirs["pids"])
+        assert marked(marker) == []
+        launched.wait(10)
+    finally:
+        box.close()

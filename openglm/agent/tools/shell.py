@@ -16,9 +16,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from openglm.agent.process import pid_record, remove_pidfile
+from openglm.agent.process import pid_record, record_init, remove_pidfile
 from openglm.util import proc as procs
-from openglm.util.sandbox import Sandbox, SandboxConfig
+from openglm.util.sandbox import Sandbox, SandboxConfig, kill_namespace, namespace_init
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
@@ -109,13 +109,18 @@ def run_shell(command: str, cwd: str, timeout: float = 600.0, sandbox: Sandbox |
     live = LiveOutput(output_file, command) if output_file else None  # before the command: nothing to orphan
     ooms = sandbox.oom_kills()
     proc = procs.spawn(["bash", "-c", command], cwd=cwd, env=sandbox.env(SHELL_ENV), stdin=procs.DEVNULL,
-                       stdout=procs.PIPE, stderr=procs.STDOUT, preexec_fn=_preexec(os.getpid(), pidfile),
+                       stdout=procs.PIPE, stderr=procs.STDOUT,
+                       preexec_fn=_preexec(os.getpid(), pidfile, sorted(set(sandbox.cgroups.dirs.values()))),
                        sandbox=sandbox)
     buf: list = []
     reader = threading.Thread(target=_reader, args=(proc.stdout, buf, max_output, live), daemon=True)
     reader.start()
-    killed, next_mem_check = "", 0.0
+    killed, next_mem_check, init = "", 0.0, None
     while proc.poll() is None:
+        if init is None and sandbox.mode == "bwrap":
+            init = namespace_init(proc.pid)  # bwrap forks it at once
+            if init is not None and pidfile:
+                record_init(pidfile, proc.pid, init, set(sandbox.cgroups.dirs.values()))
         now = time.monotonic()
         if now - start > timeout:
             killed = "timeout"
@@ -131,9 +136,10 @@ def run_shell(command: str, cwd: str, timeout: float = 600.0, sandbox: Sandbox |
         except subprocess.TimeoutExpired:
             pass
     if killed:
-        procs.stop_group(proc.pid)  # bwrap's death ends its pid namespace (the reaper kills its tree)
+        sandbox.stop(proc.pid, init)  # returns once every process of the command is gone
     proc.wait()
     procs.kill_group(proc.pid)  # a launcher that died before it could clean up
+    kill_namespace(init)  # bwrap killed from elsewhere (the resource monitor): its namespace may still be dying
     if pidfile:
         remove_pidfile(pidfile)
     reader.join(5)
@@ -151,8 +157,9 @@ def run_shell(command: str, cwd: str, timeout: float = 600.0, sandbox: Sandbox |
                        killed=killed, duration_s=time.monotonic() - start, oom_kills=ooms)
 
 
-def _preexec(parent: int, pidfile):
-    """Runs in the child before exec: die with the worker, and record the group before any user code runs."""
+def _preexec(parent: int, pidfile, cgroups=()):
+    """Runs in the child before exec: die with the worker, and record the group (and the task's cgroups,
+    which it is about to join) before any user code runs."""
 
     def setup():
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -160,7 +167,7 @@ def _preexec(parent: int, pidfile):
             os._exit(137)
         if pidfile:
             with open(pidfile, "w") as f:
-                f.write(pid_record(os.getpid()))
+                f.write(pid_record(os.getpid(), cgroups=cgroups))
 
     return setup
 
