@@ -4,6 +4,7 @@ a store deleted under a running server. (The sandbox's own attacks: test_sandbox
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -28,7 +29,7 @@ from openglm.agent.tools import ToolBox
 from openglm.agent.tools import files as file_tools
 from openglm.agent.worker import Worker
 from openglm.util.git import clone, git, init_repo
-from openglm.util.http_limits import HTTPLimits
+from openglm.util.http_limits import HTTPLimits, uvicorn_config
 
 
 @pytest.fixture
@@ -208,8 +209,9 @@ def live(tmp_path):
     store = SQLiteStore(str(tmp_path / "data" / "agent.db"))
     limits = HTTPLimits(max_body_bytes=1 << 20, body_timeout_s=1.0, body_deadline_s=2.0, header_timeout_s=2.0)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(config, store=store, limits=limits), host="127.0.0.1",
-                                           port=port, log_level="warning", limit_concurrency=500))
+    limits = dataclasses.replace(limits, limit_concurrency=500)  # room for the many-viewers test
+    server = uvicorn.Server(uvicorn_config(create_app(config, store=store, limits=limits), "127.0.0.1", port, limits,
+                                           log_level="warning"))  # as `agent-server` serves it
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -266,6 +268,25 @@ def test_a_trickled_body_is_cut_off_at_the_deadline(live):
     s.close()
     assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 6
     assert store.list_tasks() == []
+
+
+def test_a_request_head_trickled_forever_is_dropped(live):
+    url, port, _, _ = live
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode())
+    t0, closed = time.monotonic(), False
+    s.settimeout(0.5)
+    while time.monotonic() - t0 < 15 and not closed:
+        try:
+            s.sendall(b"X-Slow: 1\r\n")  # a header line every half second, never the blank line that ends the head
+            closed = s.recv(200) == b""
+        except socket.timeout:
+            pass
+        except OSError:
+            closed = True
+    s.close()
+    assert closed and time.monotonic() - t0 < 8  # the 2 s head timeout, generous for a loaded machine
+    assert httpx.get(url + "/health", timeout=10).status_code == 200
 
 
 # ---- repositories are cloned by a worker -------------------------------------------------------------

@@ -1,6 +1,7 @@
 """A task's commands run in the sandbox (openglm/util/sandbox.py), through the real worker: its `bash`
 cannot read a canary outside the workspace, write outside it, reach the network (unless the task may),
-see the agent's tokens or leave a process behind; a fork bomb and a memory hog are contained; the
+see the agent's tokens or leave a process behind; a fork bomb, a memory hog, a CPU spin, a huge file and
+a full /tmp are contained; the
 deliverable command and the SWE policy's checks run inside it; the newcomer example still succeeds."""
 
 from __future__ import annotations
@@ -168,6 +169,23 @@ def test_a_memory_hog_is_contained(setup):
     assert not obs[0]["ok"] and "allocated" not in obs[0]["output"]
     assert "MemoryError" in obs[0]["output"] or "memory limit" in obs[0]["output"]
     assert obs[1]["output"].split("\n", 1)[1].strip() == "still-working"
+
+
+def test_a_cpu_spin_a_huge_file_and_a_full_tmp_are_contained(setup):
+    config, _, ws = setup
+    config.sandbox.cpu_s, config.sandbox.file_bytes, config.sandbox.tmp_bytes = 1, 1 << 20, 1 << 20
+    spin = "python3 -c 'while True: pass'; echo spin=$?"
+    big = "head -c 3M /dev/zero > big.bin; echo big=$?; stat -c size=%s big.bin"
+    full = "head -c 3M /dev/zero > /tmp/fill 2>&1; echo tmp=$?; stat -c tmpsize=%s /tmp/fill"
+    t0 = time.monotonic()
+    state, obs, _ = run_task(setup, spin, big, full, "echo still-working", constraints={"command_timeout": "60s"})
+    assert state == "SUCCEEDED"
+    assert "spin=152" in obs[0]["output"] and time.monotonic() - t0 < 50  # SIGXCPU after 1 CPU second, not the timeout
+    assert "big=153" in obs[1]["output"] and "size=1048576" in obs[1]["output"]  # SIGXFSZ at the file-size cap
+    assert (ws / "big.bin").stat().st_size == 1 << 20
+    tmp = int(obs[2]["output"].split("tmpsize=")[1].split()[0])
+    assert "tmp=1" in obs[2]["output"] and tmp <= 1 << 20  # the private /tmp is full at its size
+    assert obs[3]["output"].split("\n", 1)[1].strip() == "still-working"
 
 
 def test_the_deliverable_command_runs_in_the_sandbox(setup, tmp_path):
