@@ -82,6 +82,29 @@ def test_a_planted_fsmonitor_never_runs_and_git_gets_no_tokens(tmp_path, monkeyp
     assert env and not {"OPENGLM_AGENT_TOKEN", "OPENGLM_MODEL_API_KEY"} & set(env)
 
 
+def test_a_workspace_repos_filter_and_textconv_programs_never_run_for_snapshots_or_the_diff(tmp_path):
+    """A task may write its workspace's own .git/config and .gitattributes; snapshots and the dashboard's
+    rollback diff read only the snapshot repository's config, which it cannot reach."""
+    from openglm.agent.dashboard.diff import snapshot_vs_workspace
+
+    ws, hook, ran = tmp_path / "ws", tmp_path / "hook.sh", tmp_path / "hook-ran.txt"
+    ws.mkdir()
+    _planted(hook, ran)
+    (ws / "a.txt").write_text("a\n")
+    init_repo(ws)
+    for key in ("filter.evil.clean", "filter.evil.smudge", "filter.evil.process", "diff.evil.textconv",
+                "diff.external"):
+        git(ws, "config", key, str(hook))
+    (ws / ".gitattributes").write_text("* filter=evil diff=evil\n")
+    snaps = Snapshots(ws, tmp_path / "task" / "snapshots.git", track=False)
+    first = snaps.take("step 0")
+    (ws / "a.txt").write_text("b\n")
+    snaps.take("step 1")
+    assert "+b" in snapshot_vs_workspace(snaps.git_dir, str(ws), first)["patch"]
+    snaps.restore(first)
+    assert (ws / "a.txt").read_text() == "a\n" and not ran.exists()
+
+
 def test_the_snapshot_repository_must_lie_outside_the_workspace(tmp_path):
     (tmp_path / "ws").mkdir()
     with pytest.raises(Exception, match="outside the workspace"):
