@@ -18,6 +18,7 @@ import pytest
 
 from openglm.agent.process import kill_leftover_commands, pid_record, running_pidfile
 from openglm.agent.tools.shell import run_shell
+from openglm.util import proc as procs
 from openglm.util import reaper
 from openglm.util.proc import start_time
 from openglm.util.sandbox import Sandbox, SandboxConfig, is_sandbox_cgroup
@@ -96,16 +97,21 @@ def still_writing(out, settle_s: float = 0.3) -> bool:
 
 @pytest.mark.parametrize("how", ["timeout", "cancel"])
 @pytest.mark.parametrize("sandbox", MODES, indirect=True)
-def test_a_stopped_command_has_ended_when_the_tool_returns(tmp_path, sandbox, how):
+def test_a_stopped_command_has_ended_when_the_tool_returns(tmp_path, sandbox, how, monkeypatch):
     """No grace period afterwards: once the step has its result (and may be rolled back), nothing the
-    command started runs or writes."""
+    command started runs or writes; the reaper's own cgroup is gone too."""
     marker, out = f"m{uuid.uuid4().hex[:10]}", tmp_path / "ticks"
+    launched, spawn = [], procs.spawn
+    monkeypatch.setattr(procs, "spawn", lambda *a, **k: launched.append(spawn(*a, **k)) or launched[-1])
     stop = (lambda: False) if how == "timeout" else (lambda: out.exists() and out.stat().st_size > 20)
     result = run_shell(writer(marker, out), str(tmp_path), timeout=4 if how == "timeout" else 120, sandbox=sandbox,
                        should_stop=stop)
     assert result.killed == ("timeout" if how == "timeout" else "cancelled") and "started" in result.output
     assert marked(marker) == []  # at once: no waiting for the kernel to finish the job
     assert not still_writing(out)
+    root = reaper.cgroup2_root()
+    left = [n for n in os.listdir(root) if n.startswith(f"openglm-step-{launched[-1].pid}-")] if root else []
+    assert left == []
 
 
 def test_a_resuming_worker_ends_a_left_over_sandboxed_command_before_going_on(tmp_path):
