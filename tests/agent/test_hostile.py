@@ -265,7 +265,7 @@ def test_idle_event_streams_hold_no_thread(live):
         t0 = time.monotonic()
         assert httpx.get(url + "/health", timeout=10).status_code == 200
         assert httpx.post(url + "/v1/tasks", json={"objective": "y"}, timeout=10).status_code == 201
-        assert time.monotonic() - t0 < 5  # generous for a loaded machine; an exhausted pool never answers
+        assert time.monotonic() - t0 < 8  # generous for a loaded machine; an exhausted pool never answers
     finally:
         for s in viewers:
             s.close()
@@ -289,7 +289,7 @@ def test_a_trickled_body_is_cut_off_at_the_deadline(live):
         except socket.timeout:
             pass
     s.close()
-    assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 6
+    assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 10  # 2 s deadline; generous
     assert store.list_tasks() == []
 
 
@@ -323,7 +323,7 @@ def test_an_internal_or_odd_repo_url_is_refused_at_submit(api, repo):
     client, store, _ = api
     t0 = time.monotonic()
     resp = client.post("/v1/tasks", json={"objective": "x", "repo": repo})
-    assert resp.status_code == 422 and resp.json()["field"] == "repo" and time.monotonic() - t0 < 2
+    assert resp.status_code == 422 and resp.json()["field"] == "repo" and time.monotonic() - t0 < 10  # no fetch here
     assert store.list_tasks() == []
 
 
@@ -331,7 +331,7 @@ def test_a_repo_is_cloned_by_the_worker_not_the_submit_request(api, tmp_path):
     client, store, config = api
     t0 = time.monotonic()
     resp = client.post("/v1/tasks", json={"objective": "x", "repo": "https://github.com/openglm/none"})
-    assert resp.status_code == 201 and time.monotonic() - t0 < 2  # no network while the client waits
+    assert resp.status_code == 201 and time.monotonic() - t0 < 10  # no network while the client waits
     task = store.get_task(resp.json()["task_id"])
     assert task.state == "QUEUED" and task.meta["repo"] == "https://github.com/openglm/none"
     assert not Path(task.workspace).exists()
@@ -365,7 +365,7 @@ def test_view_of_a_fifo_is_refused_at_once(tmp_path):
     box = ToolBox(str(tmp_path))
     t0 = time.monotonic()
     result = box.call("view", {"path": "pipe"})
-    assert not result.ok and "FIFO" in result.output and time.monotonic() - t0 < 2
+    assert not result.ok and "FIFO" in result.output and time.monotonic() - t0 < 10  # it used to block for good
     assert not box.call("edit", {"path": "pipe", "old": "a", "new": "b"}).ok
 
 
@@ -376,7 +376,7 @@ def test_cancel_interrupts_a_blocked_file_tool(tmp_path, monkeypatch):
     t0 = time.monotonic()
     result = box.call("view", {"path": "x"}, should_stop=lambda: time.monotonic() - t0 > 0.3)
     release.set()
-    assert not result.ok and result.meta["killed"] == "cancelled" and time.monotonic() - t0 < 3
+    assert not result.ok and result.meta["killed"] == "cancelled" and time.monotonic() - t0 < 10  # it blocks 60 s
     box.file_tool_timeout = 0.3
     release.clear()
     result = box.call("view", {"path": "x"})
