@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import cpu_model  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
+from machine import cpu_model, isa  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
 from tqdm import tqdm
 
 from openglm.agent import faults, service
@@ -294,7 +294,7 @@ def main(argv=None):
     if args.json:
         print(json.dumps({"steps": rows, "resume": resume, "startup": startup}, indent=2))
         return
-    print(f"\nbench_agent  CPU: {cpu_model()} ({os.cpu_count()} cores)")
+    print(f"\nbench_agent  CPU: {cpu_model()} ({os.cpu_count()} cores; {isa()})")
     if rows:
         print(f"\n{'files':>7} | {'step overhead ms':>16} | {'snapshot ms':>11} | {'snapshot bytes':>14} | "
               f"{'rollback ms':>11} | {'rescan ms':>9}")
