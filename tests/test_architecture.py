@@ -214,9 +214,9 @@ def test_the_scan_sees_function_level_and_relative_imports(tmp_path):
 
 # ---- plumbing written once: commands, kills and git go through openglm.util ----------------------------
 
-# Where a process may be started or a process group killed: util/proc.py, and the agent's confinement
-# launcher, which runs as a bare script (`python -I -S`) and so cannot import openglm.
-PROCESS_MODULES = {"openglm/util/proc.py", "openglm/agent/confine.py"}
+# Where a process may be started or a process group killed: util/proc.py, and the reaper launcher
+# (unsandboxed commands), which runs as a bare script (`python -I -S`) and so cannot import openglm.
+PROCESS_MODULES = {"openglm/util/proc.py", "openglm/util/reaper.py"}
 COMPUTE_PACKAGES = {"model", "train"}  # build their kernels with a compiler; they run no user command
 STARTS = {("subprocess", name) for name in ("run", "Popen", "call", "check_call", "check_output")} | \
     {("os", name) for name in ("system", "popen", "killpg", "posix_spawn", "posix_spawnp")}
@@ -253,7 +253,7 @@ def test_commands_kills_and_git_run_through_util():
 AGENT_LAYERS = ("openglm.agent.resilience", "openglm.agent.dashboard", "openglm.agent.api", "openglm.agent.server",
                 "openglm.agent.cli")
 AGENT_RUNTIME = ["loop.py", "state.py", "hooks.py", "policy.py", "task.py", "worker.py", "process.py", "snapshot.py",
-                 "watch.py", "faults.py", "confine.py", "config.py", "service.py", "trust.py", "store", "tools", "llm"]
+                 "watch.py", "faults.py", "config.py", "service.py", "trust.py", "store", "tools", "llm"]
 
 
 def test_the_agent_runtime_does_not_import_the_layers_on_it():
