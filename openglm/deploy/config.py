@@ -17,6 +17,8 @@ by `openglm deploy`. `engine_config` is the one place an `EngineConfig` is built
     device: cpu                           # cpu | cuda | cuda:N (openglm's engine on one process; docs/gpu.md)
     session_cache: {enabled: true, ttl_s: 600}   # prefix cache across turns, idle blocks kept ttl_s seconds
     speculative: {method: mtp, num_speculative_tokens: 1}   # GLM's MTP layer (openglm: one process only)
+    default_chat_template_kwargs: {enable_thinking: false}   # what a chat request leaves unset (vLLM's flag)
+    thinking_token_budget: 2048           # reasoning tokens before </think> is forced, unless a request says
     tool_call_parser: glm45
     reasoning_parser: glm45
 
@@ -37,6 +39,25 @@ from openglm.model.parallel import ParallelLayout
 
 class DeployConfigError(ValueError):
     """deploy.yaml is missing, unreadable, or holds a key or value openglm does not know."""
+
+
+TEMPLATE_SWITCHES = ("enable_thinking", "clear_thinking")  # the chat-template kwargs openglm honours (GLM's)
+
+
+def check_template_kwargs(value) -> dict | None:
+    """`default_chat_template_kwargs` as given (a mapping of GLM's switches to true/false), or the reason not."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise DeployConfigError(f"default_chat_template_kwargs must be a JSON object, got {value!r}")
+    unknown = sorted(set(value) - set(TEMPLATE_SWITCHES))
+    if unknown:
+        raise DeployConfigError(f"default_chat_template_kwargs: unknown key(s) {unknown} "
+                                f"(known: {list(TEMPLATE_SWITCHES)})")
+    bad = [k for k, v in value.items() if not isinstance(v, bool)]
+    if bad:
+        raise DeployConfigError(f"default_chat_template_kwargs: {bad[0]} must be true or false, got {value[bad[0]]!r}")
+    return dict(value)
 
 
 @dataclass(frozen=True)
@@ -77,6 +98,8 @@ class DeployConfig:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     json_whitespace: str = "compact"  # between the JSON tokens of constrained output: none, or any run of it
+    default_chat_template_kwargs: dict | None = None  # GLM's template switches where a request sets none
+    thinking_token_budget: int | None = None  # reasoning tokens before </think> is forced (server/thinking.py)
 
     def __post_init__(self):
         for name in ("port", "max_num_batched_tokens", "max_num_seqs", "block_size", "num_kv_blocks"):
@@ -91,6 +114,10 @@ class DeployConfig:
             raise DeployConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.json_whitespace not in ("compact", "flexible"):
             raise DeployConfigError(f"json_whitespace must be compact or flexible, got {self.json_whitespace!r}")
+        check_template_kwargs(self.default_chat_template_kwargs)
+        budget = self.thinking_token_budget
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
+            raise DeployConfigError(f"thinking_token_budget must be a non-negative integer or null, got {budget!r}")
         if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):
             raise DeployConfigError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
 

@@ -21,6 +21,9 @@ class HandoffError(ValueError):
 def _common_notes(cfg: DeployConfig, engine: str) -> list[str]:
     notes = [f"num_kv_blocks={cfg.num_kv_blocks} is openglm's pool size; {engine} sizes its KV cache from free "
              "GPU memory"]
+    if cfg.thinking_token_budget is not None:
+        notes.append(f"thinking_token_budget={cfg.thinking_token_budget} is openglm's server-wide default; {engine} "
+                     "takes a thinking budget per request only")
     if cfg.session_cache.enabled:
         notes.append(f"session_cache.ttl_s={cfg.session_cache.ttl_s:g}: {engine} keeps cached prefixes until memory "
                      "is needed (LRU), with no idle timeout")
@@ -56,6 +59,8 @@ def vllm_command(cfg: DeployConfig) -> tuple[list[str], list[str]]:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", cfg.tool_call_parser]
     if cfg.reasoning_parser:
         argv += ["--reasoning-parser", cfg.reasoning_parser]
+    if cfg.default_chat_template_kwargs:
+        argv += ["--default-chat-template-kwargs", json.dumps(cfg.default_chat_template_kwargs, separators=(",", ":"))]
     return argv, notes
 
 
@@ -88,6 +93,9 @@ def sglang_command(cfg: DeployConfig) -> tuple[list[str], list[str]]:
         argv += ["--tool-call-parser", cfg.tool_call_parser]
     if cfg.reasoning_parser:
         argv += ["--reasoning-parser", cfg.reasoning_parser]
+    if cfg.default_chat_template_kwargs:
+        notes.append(f"default_chat_template_kwargs={cfg.default_chat_template_kwargs}: SGLang has no server-wide "
+                     "default; send chat_template_kwargs with each request")
     return argv, notes
 
 

@@ -26,13 +26,17 @@ from openglm.server.status_page import register as register_status_page
 from openglm.util.auth import Access, access
 
 def create_app(engine, model_name: str, api_key: str | None = None, public_metrics: bool = False,
-               limits: ServerLimits | None = None, json_whitespace: str = "compact") -> FastAPI:
+               limits: ServerLimits | None = None, json_whitespace: str = "compact",
+               default_chat_template_kwargs: dict | None = None, thinking_token_budget: int | None = None) -> FastAPI:
+    """`default_chat_template_kwargs` and `thinking_token_budget` apply where a chat request sets neither
+    (server/thinking.py)."""
     if api_key is not None and not api_key.strip():
         raise ValueError("the API key is empty: pass a non-empty key, or none to serve without one")
     limits = limits or ServerLimits()
     metrics = ServerMetrics()
     async_engine = AsyncEngine(engine, limits.max_queue, metrics)
-    serving = OpenAIServing(async_engine, model_name, json_whitespace)
+    serving = OpenAIServing(async_engine, model_name, json_whitespace, default_chat_template_kwargs,
+                            thinking_token_budget)
     metrics.observe_engine(engine)
 
     @contextlib.asynccontextmanager
@@ -67,7 +71,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, public_metri
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        return await api_error(request, APIError(exc.status_code, str(exc.detail)))
+        param = "body" if exc.status_code == 400 else None
+        return await api_error(request, APIError(exc.status_code, str(exc.detail), param=param))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):

@@ -21,6 +21,12 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
+def field_error(loc: tuple, message: str, kind: str = "invalid_field"):
+    """A ValidationError whose location is `loc`, so that the 400 names that field in `param`."""
+    error = PydanticCustomError(kind, "{message}", {"message": message})
+    return ValidationError.from_exception_data("request", [{"type": error, "loc": loc, "input": "?"}])
+
+
 def lone_surrogate_path(value, path: str = "") -> str | None:
     """The JSON path of the first string holding a lone UTF-16 surrogate (JSON allows "\\ud800";
     no tokenizer or UTF-8 encoder does), or None."""
@@ -72,10 +78,8 @@ class _Sampling(BaseModel):
     def _encodable_strings(cls, data):
         bad = lone_surrogate_path(data)
         if bad is not None:  # a ValidationError (not ValueError) so that the error's loc names the field
-            error = PydanticCustomError("lone_surrogate", "the string holds a lone UTF-16 surrogate (not valid "
-                                                          "Unicode text)")
-            raise ValidationError.from_exception_data(cls.__name__, [
-                {"type": error, "loc": tuple(int(k) if k.isdigit() else k for k in bad.split(".")), "input": "?"}])
+            raise field_error(tuple(int(k) if k.isdigit() else k for k in bad.split(".")),
+                              "the string holds a lone UTF-16 surrogate (not valid Unicode text)", "lone_surrogate")
         return data
 
     @field_validator("temperature")
@@ -129,6 +133,23 @@ class ContentPart(BaseModel):
     text: str
 
 
+# content parts of other kinds (OpenAI's chat and Responses names): a 400 saying what the model cannot read
+MEDIA_PARTS = {"image_url": "images", "input_image": "images", "image": "images", "input_audio": "audio",
+               "audio": "audio", "file": "files", "input_file": "files", "video_url": "video"}
+
+
+def unreadable_part(messages) -> tuple[tuple, str] | None:
+    """(location, reason) of the first message content part that is not text, or None."""
+    for i, m in enumerate(messages if isinstance(messages, list) else ()):
+        content = m.get("content") if isinstance(m, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind in MEDIA_PARTS:
+                return ("messages", i, "content", j), (f"{MEDIA_PARTS[kind]} are not supported (a {kind!r} part): "
+                                                       f"this model reads text only")
+    return None
+
+
 class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1)
@@ -162,6 +183,7 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None  # vLLM's name for reasoning_content: either is read
 
     @model_validator(mode="after")
     def _known_fields(self):
@@ -228,10 +250,21 @@ class StructuredOutputs(BaseModel):
 
 
 class ChatTemplateKwargs(BaseModel):
-    """The template switches openglm honours (GLM's); any other key is a 400, not a silent no-op."""
+    """The template switches openglm honours (GLM's); any other key is a 400, not a silent no-op. Unset: the
+    server's `--default-chat-template-kwargs`, else the template's default (on)."""
     model_config = ConfigDict(extra="forbid")
-    enable_thinking: StrictBool = True
-    clear_thinking: StrictBool = True
+    enable_thinking: StrictBool | None = None
+    clear_thinking: StrictBool | None = None
+
+
+class Thinking(BaseModel):
+    """Z.ai's `thinking` field: GLM's thinking on or off (and whether earlier turns' reasoning is cleared)."""
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["enabled", "disabled"]
+    clear_thinking: StrictBool | None = None
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 # Fields of vLLM's / OpenAI's chat request that this server does not implement: sent with a value,
@@ -242,8 +275,8 @@ UNSUPPORTED_CHAT_FIELDS = (
     "continue_final_message", "echo", "documents", "chat_template", "mm_processor_kwargs", "guided_json",
     "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern",
     "bad_words", "allowed_token_ids", "logits_processors", "return_tokens_as_token_ids",
-    "return_token_ids", "kv_transfer_params", "vllm_xargs", "reasoning_effort", "thinking_token_budget",
-    "skip_special_tokens", "spaces_between_special_tokens", "priority", "cache_salt", "prompt_embeds",
+    "return_token_ids", "kv_transfer_params", "vllm_xargs", "skip_special_tokens", "spaces_between_special_tokens",
+    "priority", "cache_salt", "prompt_embeds",
 )
 
 
@@ -264,6 +297,10 @@ class ChatCompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     chat_template_kwargs: ChatTemplateKwargs = Field(default_factory=ChatTemplateKwargs)
+    # thinking (server/thinking.py): Z.ai's switch, OpenAI's effort, vLLM's budget of reasoning tokens
+    thinking: Thinking | None = None
+    reasoning_effort: Literal[REASONING_EFFORTS] | None = None
+    thinking_token_budget: StrictInt | None = Field(default=None, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -271,23 +308,25 @@ class ChatCompletionRequest(_Sampling):
         if isinstance(body, dict):
             bad = unsupported_chat_fields(body)
             if bad:
-                raise ValueError(f"openglm does not support the field(s) {', '.join(bad)}")
+                others = f" (nor {', '.join(bad[1:])})" if bad[1:] else ""
+                raise field_error((bad[0],), f"openglm does not support this field{others}", "unsupported_field")
+            part = unreadable_part(body.get("messages"))
+            if part is not None:
+                raise field_error(*part, "unsupported_content")
         return body
 
     @model_validator(mode="after")
     def _consistent(self):
         names = [t.function.name for t in self.tools or []]
         if len(set(names)) != len(names):
-            raise ValueError("tools: function names must be unique")
+            raise field_error(("tools",), "function names must be unique")
         if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
-            raise ValueError(f"tool_choice: no tool named {self.tool_choice.function.name!r} in tools")
+            raise field_error(("tool_choice",), f"no tool named {self.tool_choice.function.name!r} in tools")
         if self.tool_choice == "required" and not names:
-            raise ValueError("tool_choice: 'required' needs at least one tool")
+            raise field_error(("tool_choice",), "'required' needs at least one tool")
         rf = self.response_format
         if rf is not None and rf.type == "json_schema" and rf.json_schema is None:
-            raise ValueError("response_format: type 'json_schema' needs a json_schema object")
-        if rf is not None and rf.type != "text" and self.forced_tool_call():
-            raise ValueError("response_format: cannot be combined with a required or named tool_choice")
+            raise field_error(("response_format",), "type 'json_schema' needs a json_schema object")
         return self
 
     def effective_tool_choice(self) -> str | NamedToolChoice:
@@ -301,13 +340,21 @@ class ChatCompletionRequest(_Sampling):
         return choice == "required" or isinstance(choice, NamedToolChoice)
 
     def constrained(self) -> bool:
-        """Whether the answer must match a grammar (structured.py): a required or named tool call, or JSON."""
+        """Whether the answer must match a grammar (structured.py): a required or named tool call, or JSON.
+        A forced call wins over `response_format` (which then shapes a later turn's answer, as in agent loops)."""
         return self.forced_tool_call() or (self.response_format is not None and self.response_format.type != "text")
 
     def template_messages(self) -> list[dict]:
-        """The messages whole, as the chat template receives them (OpenAI field names)."""
-        keep = set(ChatMessage.model_fields)
-        return [{k: v for k, v in m.model_dump(exclude_none=True).items() if k in keep} for m in self.messages]
+        """The messages whole, as the chat template receives them (OpenAI field names; `reasoning` read as
+        `reasoning_content`)."""
+        keep = set(ChatMessage.model_fields) - {"reasoning"}
+        out = []
+        for m in self.messages:
+            d = m.model_dump(exclude_none=True)
+            if m.reasoning_content is None and m.reasoning is not None:
+                d["reasoning_content"] = m.reasoning
+            out.append({k: v for k, v in d.items() if k in keep})
+        return out
 
     def template_tools(self) -> list[dict] | None:
         """The tools the template lists: none when tool_choice is 'none' (the model must not call)."""

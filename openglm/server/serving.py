@@ -17,8 +17,8 @@ from openglm.engine.llm_engine import PromptError
 from openglm.engine.sampling_params import SamplingParams, SamplingParamsError
 from openglm.server.async_engine import AsyncEngine
 from openglm.server.errors import APIError
-from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
-from openglm.server import render
+from openglm.server.protocol import ChatCompletionRequest, ChatTemplateKwargs, CompletionRequest
+from openglm.server import render, thinking
 from openglm.server.structured import json_layout, request_grammar
 from openglm.tokenizer import TokenizerError
 
@@ -30,12 +30,19 @@ class OpenAIServing:
     """The endpoints over an `AsyncEngine`. Of the engine itself they use only what never changes while it runs:
     its tokenizer, `check_prompt`, `max_model_len` and the grammar compiler (built here, once)."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str, json_whitespace: str = "compact"):
+    def __init__(self, engine: AsyncEngine, model_name: str, json_whitespace: str = "compact",
+                 default_chat_template_kwargs: dict | None = None, thinking_token_budget: int | None = None):
         self.engine, self.model_name = engine, model_name
         self.llm = engine.engine
         self.tokenizer, self.max_model_len = self.llm.tokenizer, self.llm.max_model_len
         self.grammar_engine = self.llm.grammar
         self.json_whitespace = json_whitespace  # JSON layout of constrained output unless a request says
+        # what a request leaves unset: the template switches (vLLM's --default-chat-template-kwargs), the budget
+        self.template_defaults = ChatTemplateKwargs.model_validate(default_chat_template_kwargs or {})
+        if thinking_token_budget is not None and thinking_token_budget < 0:
+            raise ValueError(f"thinking_token_budget must be a non-negative integer, got {thinking_token_budget}")
+        self.thinking_budget = thinking_token_budget
+        self.think_ids = tuple(self.tokenizer.marker_id(m) for m in ("<think>", "</think>"))
         self.pool = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="openglm-tokenize")
 
     async def off_loop(self, fn, *args):
@@ -60,16 +67,39 @@ class OpenAIServing:
     def check_prompts(self, prompts: list[str | list[int]]) -> list[list[int]]:
         return [self.check_prompt(p) for p in prompts]
 
-    def render_and_encode(self, req: ChatCompletionRequest) -> list[int]:
+    def render_and_encode(self, req: ChatCompletionRequest, choice: thinking.ThinkingChoice) -> list[int]:
         """The prompt's token ids; conversation text is never read as control tokens."""
         try:
             ids = self.tokenizer.apply_chat_template(
                 req.template_messages(), tools=req.template_tools(), add_generation_prompt=req.add_generation_prompt,
-                tokenize=True, enable_thinking=req.chat_template_kwargs.enable_thinking,
-                clear_thinking=req.chat_template_kwargs.clear_thinking)
+                tokenize=True, enable_thinking=choice.enabled, clear_thinking=choice.clear)
         except TokenizerError as exc:  # template errors (unknown role, bad structure) are the caller's
             raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
         return self.check_prompt(ids)
+
+    def reasoning_mode(self, ids: list[int]) -> str:
+        """How the answer to this prompt starts (chat_output.py's modes): "open" when the prompt ends `<think>`
+        (GLM-4.7/5, thinking on), "off" when it ends `</think>` (thinking off), else "optional" (GLM-4.5/4.6
+        templates leave the `<think>` to the model)."""
+        tail = self.tokenizer.decode(ids[-8:], skip_special_tokens=False).rstrip()
+        if ids[-1] == self.think_ids[0] or tail.endswith("<think>"):
+            return "open"
+        if ids[-1] == self.think_ids[1] or tail.endswith("</think>"):
+            return "off"
+        return "optional"
+
+    def budget(self, params: SamplingParams, req: ChatCompletionRequest, choice: thinking.ThinkingChoice,
+               mode: str) -> None:
+        """Set the thinking budget on `params` (engine/thinking.py) where the answer may reason."""
+        budget = choice.budget_for(req.constrained(), params.max_tokens)
+        if budget is None or mode == "off":
+            return
+        if None in self.think_ids:
+            if req.thinking_token_budget is None:
+                return  # only a default: without one-token markers the budget cannot be forced
+            raise APIError(400, "this tokenizer has no single-token <think> / </think>, so a thinking budget cannot "
+                                "be enforced", param="thinking_token_budget")
+        params.thinking_budget, params.think_ids, params.thinking_open = budget, self.think_ids, mode == "open"
 
     def params(self, req, prompt_len: int, max_tokens: int | None, default_max: int | None,
                logprobs: int | None, extra_stop_ids=()) -> SamplingParams:
@@ -107,23 +137,30 @@ class OpenAIServing:
         return JSONResponse(render.completion_body(meta, finals, req.n, echo))
 
     async def chat(self, req: ChatCompletionRequest, request: Request):
+        mode, params, stream = await self.start_chat(req, request)
+        meta = render.Meta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name, self.tokenizer)
+        tools = req.template_tools()
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return _sse(render.chat_stream(meta, stream, req.n, include_usage, mode, tools))
+        finals = await stream.collect()
+        return JSONResponse(render.chat_body(meta, finals[0], mode, tools))
+
+    async def start_chat(self, req: ChatCompletionRequest, request: Request):
+        """Check, render and queue a chat request: (its reasoning mode, its SamplingParams, its output stream)."""
         self.check_model(req.model)
-        thinking = req.chat_template_kwargs.enable_thinking
-        ids = await self.off_loop(self.render_and_encode, req)
+        choice = thinking.resolve(req, self.template_defaults, self.thinking_budget)
+        ids = await self.off_loop(self.render_and_encode, req, choice)
+        mode = self.reasoning_mode(ids)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         max_tokens = req.max_completion_tokens or req.max_tokens
         params = self.params(req, len(ids), max_tokens, None, logprobs, self.tokenizer.stop_ids)
-        params.grammar = self.grammar(req, thinking)
-        meta = render.Meta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name, self.tokenizer)
-        tools = req.template_tools()
+        params.grammar = self.grammar(req, mode)
+        self.budget(params, req, choice, mode)
         stream = self.engine.submit([ids], [params], None if req.stream else request.is_disconnected)
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _sse(render.chat_stream(meta, stream, req.n, include_usage, thinking, tools))
-        finals = await stream.collect()
-        return JSONResponse(render.chat_body(meta, finals[0], thinking, tools))
+        return mode, params, stream
 
-    def grammar(self, req: ChatCompletionRequest, thinking: bool) -> str | None:
+    def grammar(self, req: ChatCompletionRequest, thinking: str) -> str | None:
         """The grammar the answer decodes under, checked here (a 400); None when nothing constrains it. A request
         with tools enters structured.py even when no call is forced: their schemas are checked (a 400 naming the
         keyword) because the output parser types arguments by them."""

@@ -37,7 +37,7 @@ VLLM_FLAGS = {
     "--data-parallel-size", "--enable-expert-parallel", "--max-num-batched-tokens", "--max-num-seqs",
     "--max-model-len", "--block-size", "--quantization", "--dtype", "--enable-prefix-caching",
     "--no-enable-prefix-caching", "--speculative-config", "--enable-auto-tool-choice", "--tool-call-parser",
-    "--reasoning-parser", "--kv-cache-dtype",
+    "--reasoning-parser", "--kv-cache-dtype", "--default-chat-template-kwargs",
 }
 SGLANG_FLAGS = {
     "--model-path", "--host", "--port", "--served-model-name", "--tp-size", "--tensor-parallel-size", "--pp-size",
@@ -157,3 +157,14 @@ def test_run_without_the_engine_installed_is_a_clear_error():
     proc = subprocess.run([sys.executable, "-m", "openglm", "deploy", str(EXAMPLE), "--engine", "vllm", "--run"],
                           env={**ENV, "PATH": "/nonexistent"}, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "'vllm' is not on PATH" in proc.stderr
+
+
+def test_thinking_defaults_go_to_vllm_and_are_noted_elsewhere():
+    cfg = parse_deploy_config({"model": "m", "default_chat_template_kwargs": {"enable_thinking": False},
+                               "thinking_token_budget": 512})
+    argv, notes = launch_command(cfg, "vllm")
+    assert argv[argv.index("--default-chat-template-kwargs") + 1] == '{"enable_thinking":false}'
+    assert any("thinking_token_budget=512" in n for n in notes)
+    argv, notes = launch_command(cfg, "sglang")
+    assert "--default-chat-template-kwargs" not in argv
+    assert any("chat_template_kwargs with each request" in n for n in notes)

@@ -278,9 +278,9 @@ def test_auto_tool_call_is_parsed_whole_and_streamed(scripted):
 
 
 @pytest.mark.parametrize("text", [
-    "oops <tool_call>get_weather<arg_key>city</arg_key>",  # never closed
     "<tool_call>launch_missiles<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>",  # unknown tool
     "<tool_call>get_weather<arg_value>no key</arg_value></tool_call>",  # not key/value pairs
+    "oops <tool_call>get_weath",  # no complete name
 ])
 def test_malformed_calls_stay_in_content(scripted, text):
     client, reply = scripted
@@ -288,6 +288,21 @@ def test_malformed_calls_stay_in_content(scripted, text):
     out = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], max_tokens=200,
                                          extra_body=NO_THINK).choices[0]
     assert out.finish_reason == "stop" and not out.message.tool_calls and out.message.content == text
+
+
+def test_a_cut_off_call_keeps_what_arrived_whole_and_streamed(scripted):
+    """A call is a call from its listed name on (its arguments stream from there): cut off, it keeps them."""
+    client, reply = scripted
+    kw = dict(model=MODEL, messages=ASK, tools=[WEATHER], max_tokens=200, extra_body=NO_THINK)
+    text = "oops <tool_call>get_weather<arg_key>city</arg_key><arg_value>Par"
+    reply(text)
+    out = client.chat.completions.create(**kw).choices[0]
+    assert out.finish_reason == "tool_calls" and out.message.content == "oops"
+    assert json.loads(out.message.tool_calls[0].function.arguments) == {"city": "Par"}
+    reply(text)
+    pieces = [tc.function.arguments for c in client.chat.completions.create(stream=True, **kw)
+              for tc in c.choices[0].delta.tool_calls or []]
+    assert "".join(pieces) == out.message.tool_calls[0].function.arguments
 
 
 def test_reasoning_then_answer_whole_and_streamed(scripted):
