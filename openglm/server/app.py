@@ -1,5 +1,8 @@
 """The FastAPI application: routes, API-key check and OpenAI-style error handling.
 
+Routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/v1/responses`, vLLM's `/tokenize`,
+`/detokenize` and `/version`, `/health`, `/metrics`, `/status` (+ `/v1/status`).
+
 `create_app(engine, ...)` wires an `LLMEngine` behind the OpenAI API; the engine runs in its own
 thread, started and stopped with the app's lifespan. With a key, everything but `/health` needs it
 (`/metrics` too, unless `public_metrics`); the interactive docs pages are off (they load their
@@ -9,6 +12,8 @@ assets from a CDN) and the OpenAPI schema is served behind the key.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
+import json
 import time
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -24,6 +29,20 @@ from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
 from openglm.server.serving import OpenAIServing
 from openglm.server.status_page import register as register_status_page
 from openglm.util.auth import Access, access
+
+try:
+    VERSION = importlib.metadata.version("openglm")
+except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+    VERSION = "unknown"
+
+
+async def json_body(request: Request):
+    """The request body as JSON (routes whose body is validated in several shapes read it themselves)."""
+    try:
+        return json.loads(await request.body())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise APIError(400, "the request body is not valid JSON", param="body") from None
+
 
 def create_app(engine, model_name: str, api_key: str | None = None, public_metrics: bool = False,
                limits: ServerLimits | None = None, json_whitespace: str = "compact",
@@ -112,6 +131,23 @@ def create_app(engine, model_name: str, api_key: str | None = None, public_metri
     @v1.post("/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         return await serving.chat(req, request)
+
+    @v1.post("/responses")
+    async def responses(request: Request):
+        return await serving.responses(await json_body(request), request)
+
+    # vLLM's utility routes (outside /v1, behind the key like everything but /health)
+    @app.post("/tokenize", dependencies=[Depends(check_api_key)])
+    async def tokenize(request: Request):
+        return await serving.tokenize(await json_body(request))
+
+    @app.post("/detokenize", dependencies=[Depends(check_api_key)])
+    async def detokenize(request: Request):
+        return await serving.detokenize(await json_body(request))
+
+    @app.get("/version", dependencies=[Depends(check_api_key)])
+    async def version():
+        return {"version": VERSION}
 
     app.include_router(v1)
     register_status_page(app, metrics, v1.dependencies)  # /status page, its data at /v1/status

@@ -18,7 +18,7 @@ from openglm.engine.sampling_params import SamplingParams, SamplingParamsError
 from openglm.server.async_engine import AsyncEngine
 from openglm.server.errors import APIError
 from openglm.server.protocol import ChatCompletionRequest, ChatTemplateKwargs, CompletionRequest
-from openglm.server import render, thinking
+from openglm.server import render, responses, thinking, tokens
 from openglm.server.structured import json_layout, request_grammar
 from openglm.tokenizer import TokenizerError
 
@@ -67,15 +67,17 @@ class OpenAIServing:
     def check_prompts(self, prompts: list[str | list[int]]) -> list[list[int]]:
         return [self.check_prompt(p) for p in prompts]
 
-    def render_and_encode(self, req: ChatCompletionRequest, choice: thinking.ThinkingChoice) -> list[int]:
-        """The prompt's token ids; conversation text is never read as control tokens."""
+    def render(self, req: ChatCompletionRequest, choice: thinking.ThinkingChoice) -> list[int]:
+        """The chat prompt's token ids; conversation text is never read as control tokens."""
         try:
-            ids = self.tokenizer.apply_chat_template(
+            return self.tokenizer.apply_chat_template(
                 req.template_messages(), tools=req.template_tools(), add_generation_prompt=req.add_generation_prompt,
                 tokenize=True, enable_thinking=choice.enabled, clear_thinking=choice.clear)
         except TokenizerError as exc:  # template errors (unknown role, bad structure) are the caller's
             raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
-        return self.check_prompt(ids)
+
+    def render_and_encode(self, req: ChatCompletionRequest, choice: thinking.ThinkingChoice) -> list[int]:
+        return self.check_prompt(self.render(req, choice))
 
     def reasoning_mode(self, ids: list[int]) -> str:
         """How the answer to this prompt starts (chat_output.py's modes): "open" when the prompt ends `<think>`
@@ -160,6 +162,44 @@ class OpenAIServing:
         stream = self.engine.submit([ids], [params], None if req.stream else request.is_disconnected)
         return mode, params, stream
 
+    async def responses(self, body, request: Request):
+        """`POST /v1/responses` (server/responses.py): the chat path, answered as Responses output items."""
+        req = responses.chat_request(body)
+        if req.n != 1:
+            raise APIError(400, "n: a response holds one answer", param="n")
+        mode, _, stream = await self.start_chat(req, request)
+        head = responses.response_head(body, req, self.model_name)
+        tools, count = req.template_tools(), lambda ids: self.reasoning_tokens(mode, ids)
+        if req.stream:
+            return _sse(responses.events(head, stream, mode, tools, count), named=True)
+        finals = await stream.collect()
+        return JSONResponse(responses.body(head, finals[0], mode, tools, count))
+
+    def reasoning_tokens(self, mode: str, ids: list[int]) -> int:
+        """Output tokens spent reasoning: those before the first `</think>` (all of them if it never came)."""
+        opened = mode == "open" or (mode == "optional" and self.think_ids[0] in ids[:2])
+        if not opened:
+            return 0
+        return ids.index(self.think_ids[1]) if self.think_ids[1] in ids else len(ids)
+
+    async def tokenize(self, body) -> dict:
+        """`/tokenize` (server/tokens.py): a prompt's ids, or those of the prompt a chat request renders."""
+        options, chat = tokens.tokenize_request(body)
+        self.check_model(options.model)
+        if chat is not None:
+            choice = thinking.resolve(chat, self.template_defaults, self.thinking_budget)
+            ids = await self.off_loop(self.render, chat, choice)
+        else:
+            ids = await self.off_loop(self.tokenizer.encode, options.prompt, options.add_special_tokens)
+        return tokens.tokenize_body(ids, self.max_model_len, self.tokenizer.decode, options.return_token_strs)
+
+    async def detokenize(self, body) -> dict:
+        req = tokens.parsed(tokens.Detokenize, body)
+        self.check_model(req.model)
+        if req.tokens and max(req.tokens) >= self.llm.vocab_size:
+            raise APIError(400, f"tokens: ids must be in [0, {self.llm.vocab_size})", param="tokens")
+        return {"prompt": await self.off_loop(self.tokenizer.decode, req.tokens)}
+
     def grammar(self, req: ChatCompletionRequest, thinking: str) -> str | None:
         """The grammar the answer decodes under, checked here (a 400); None when nothing constrains it. A request
         with tools enters structured.py even when no call is forced: their schemas are checked (a 400 naming the
@@ -177,14 +217,19 @@ class OpenAIServing:
         return grammar
 
 
-def _sse(chunks: AsyncIterator[dict]) -> StreamingResponse:
+def _sse(chunks: AsyncIterator[dict], named: bool = False) -> StreamingResponse:
+    """Server-sent events: chat and completion chunks end with `[DONE]`; Responses events (`named`) carry their
+    type as the SSE event name and end with the response itself."""
     async def body():
         try:
             async for chunk in chunks:
-                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+                head = f"event: {chunk['type']}\n" if named else ""
+                yield f"{head}data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
         except APIError as exc:  # too late for a status code: report in-band, as OpenAI does
-            yield f"data: {json.dumps(exc.body())}\n\n"
-        yield "data: [DONE]\n\n"
+            head = "event: error\n" if named else ""
+            yield f"{head}data: {json.dumps({'type': 'error', **exc.body()} if named else exc.body())}\n\n"
+        if not named:
+            yield "data: [DONE]\n\n"
 
     return StreamingResponse(body(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
