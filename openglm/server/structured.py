@@ -1,9 +1,9 @@
 """`tool_choice` and `response_format` -> the llguidance grammar the engine decodes under.
 
 - `tool_choice` "none" / "auto": no constraint (as in vLLM; "none" also hides the tools from the prompt).
-- "required" / a named function: the answer is one or more (one with `parallel_tool_calls: false`)
-  GLM tool calls, `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>`, of the
-  listed tools (of the named one): the required arguments of the tool's schema always, the optional
+- "required": the answer is one or more (one with `parallel_tool_calls: false`) GLM tool calls,
+  `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>`, of the listed tools; a
+  named function: exactly one call of it (as vLLM decodes a named choice): the required arguments of the tool's schema always, the optional
   ones optionally, in the schema's order. A value whose schema admits only strings is written raw
   (GLM's format), within its `minLength`/`maxLength`, `enum`/`const` and `pattern`; every other value
   is JSON matching its schema (`server/json_schema.py` reads the schema once for the grammar and for
@@ -74,9 +74,11 @@ def request_grammar(req: ChatCompletionRequest, tokenizer, thinking: bool | str,
     if req.forced_tool_call():
         choice = req.effective_tool_choice()
         names = [t.function.name for t in req.tools or []]
-        if isinstance(choice, NamedToolChoice):
+        named = isinstance(choice, NamedToolChoice)  # exactly one call of it, as vLLM decodes a named choice
+        if named:
             names = [choice.function.name]
-        body = tool_calls_grammar([(n, schemas[n]) for n in names], mark, req.parallel_tool_calls, layout)
+        body = tool_calls_grammar([(n, schemas[n]) for n in names], mark, req.parallel_tool_calls and not named,
+                                  layout)
     elif rf_schema is not None:
         body = f"start: answer\nanswer: %json {json.dumps(rf_schema.standalone('', layout.options()))}\n"
     else:
