@@ -10,8 +10,9 @@ their cases as data; docs/serving.md lists where openglm deliberately differs):
 - tool calls (only when the request lists tools): each
   `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>` of a listed tool becomes
   an OpenAI tool call, V typed by the tool's JSON schema (`server/json_schema.py`: a plain string stays
-  the text, anything else is decoded as JSON). Text outside calls is content; a call written inside the
-  reasoning is lifted out of it and the reasoning goes on after it.
+  the text, anything else is decoded as JSON). Text outside calls is content. A call written before
+  `</think>` ends the reasoning (a model may skip `</think>` and go straight to its call); a `</think>` that
+  then follows the calls is dropped.
 - streaming: a call is a call from the moment its name is complete and names a listed tool (the
   `<arg_key>` or `</tool_call>` after it), and its arguments are streamed from then on as OpenAI-style
   fragments of one JSON object text: `{`, each `"key": ` with its value (a plain-string value as it
@@ -125,6 +126,7 @@ class ChatOutputParser:
         self.space = ""  # whitespace seen right before a <tool_call>, kept if it is not a call
         self.started = False  # whether the start of the reasoning has been looked at
         self.origin = "content"  # where a <tool_call> being looked at was written
+        self.late_close = False  # a call ended the reasoning: a </think> after the calls is dropped
         self.call: _OpenCall | None = None
         self.reasoning, self.content, self.calls = "", "", []
 
@@ -166,17 +168,33 @@ class ChatOutputParser:
             out.reasoning += self.buf[:i]
             self.buf, self.mode = self.buf[i + len(THINK_CLOSE):], "content"
             return True
-        if k >= 0:  # maybe a call written inside the reasoning: it is lifted out, the reasoning goes on
-            out.reasoning += self.buf[:k]
-            self.buf, self.mode, self.origin, self.space = self.buf[k:], "head", "reasoning", ""
+        if k >= 0:  # maybe a call before </think>: it ends the reasoning if it is one
+            body = self.buf[:k].rstrip()
+            out.reasoning += body
+            self.space, self.buf = self.buf[len(body):k], self.buf[k:]
+            self.mode, self.origin = "head", "reasoning"
             return True
-        out.reasoning += self._safe((THINK_CLOSE, CALL_OPEN) if self.tools else (THINK_CLOSE,), final)
+        text = self._safe((THINK_CLOSE, CALL_OPEN) if self.tools else (THINK_CLOSE,), final)
+        if self.tools and not final:  # hold trailing whitespace until we know whether a call follows
+            body = text.rstrip()
+            self.buf = text[len(body):] + self.buf
+            text = body
+        out.reasoning += text
         return False
 
     def _content(self, out: Delta, final: bool) -> bool:
         if not self.tools:
             out.content += self._take_all()
             return False
+        if self.late_close:  # the reasoning ended at a call: drop a </think> written after the calls
+            head = self.buf.lstrip()
+            if not final and THINK_CLOSE.startswith(head):
+                return False
+            if head.startswith(THINK_CLOSE):
+                self.buf, self.late_close = head[len(THINK_CLOSE):], False
+                return True
+            if not head.startswith(CALL_OPEN[: len(head)]):
+                self.late_close = False
         i = self.buf.find(CALL_OPEN)
         if i >= 0:  # whitespace right before a call is layout, not content (unless it is no call)
             body = self.buf[:i].rstrip()
@@ -211,6 +229,7 @@ class ChatOutputParser:
             out.reasoning += text
         else:
             out.content += text
+            self.late_close = False
         self.buf, self.space, self.mode = rest, "", self.origin
         return True
 
@@ -229,6 +248,8 @@ class ChatOutputParser:
     def _open_call(self, name: str, out: Delta) -> None:
         call = ToolCallOut(f"call_{uuid.uuid4().hex[:24]}", name)
         self.calls.append(call)
+        if self.origin == "reasoning":  # the call ends the reasoning
+            self.origin, self.late_close = "content", True
         self.call = _OpenCall(call, self.tools[name], len(self.calls) - 1, self.origin)
         self.space = ""
         out.calls.append(CallDelta(self.call.index, "", call.id, name))

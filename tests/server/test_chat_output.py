@@ -78,10 +78,12 @@ def test_a_call_ends_where_its_body_stops_being_pairs():
     assert p.calls == [] and p.content == "<tool_call>get_weathers<arg_key>a</arg_key></tool_call>"
 
 
-def test_a_call_inside_the_reasoning_is_lifted_out():
-    p, _ = parse("look\n<tool_call>get_weather<arg_key>days</arg_key><arg_value>2</arg_value></tool_call>\nmore"
-                 "</think>answer", True)
-    assert (p.reasoning, p.content) == ("look\n\nmore", "answer") and json.loads(p.calls[0].arguments) == {"days": 2}
+def test_a_call_inside_the_reasoning_ends_it():
+    p, _ = parse("look\n<tool_call>get_weather<arg_key>days</arg_key><arg_value>2</arg_value></tool_call>\n</think>"
+                 "answer", True)
+    assert (p.reasoning, p.content) == ("look", "answer") and json.loads(p.calls[0].arguments) == {"days": 2}
+    p, _ = parse("look <tool_call>nope</tool_call> more</think>answer", True)  # not a call: reasoning goes on
+    assert (p.reasoning, p.content, p.calls) == ("look <tool_call>nope</tool_call> more", "answer", [])
 
 
 def test_without_tools_markers_are_text_and_without_thinking_no_reasoning():
