@@ -3,7 +3,9 @@
 A GLM model reasons between `<think>` and `</think>`. The reasoning is open from the first output token
 when the prompt opened it (`thinking_open`, GLM-4.7/5 templates end the prompt `<think>`); otherwise it
 opens where the model writes `<think>` before anything but whitespace (GLM-4.5/4.6 templates leave that
-to the model). Once a sequence has written `thinking_budget` tokens of open reasoning, its row may only
+to the model). It ends at `</think>` or at one of `think_end_ids` (a `<tool_call>`: the output parser reads
+a call written before `</think>` as the end of the reasoning, so a call is never cut by a forced
+`</think>`). Once a sequence has written `thinking_budget` tokens of open reasoning, its row may only
 sample `</think>` (the answer, and a grammar's structure after it, then always get the rest of
 `max_tokens`). Where the row's grammar does not allow `</think>` yet (a byte-level token split a
 character the reasoning's regex must finish first), the force waits for the next step.
@@ -59,7 +61,7 @@ class ThinkingBudget:
                 break
             token = out[k]
             if state.start is not None:
-                state.closed = token == close_id
+                state.closed = token == close_id or token in p.think_end_ids
             elif token == open_id and not self.decode(out[:k]).strip():
                 state.start = k + 1
             elif self.decode([token]).strip():

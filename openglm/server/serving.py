@@ -102,6 +102,9 @@ class OpenAIServing:
             raise APIError(400, "this tokenizer has no single-token <think> / </think>, so a thinking budget cannot "
                                 "be enforced", param="thinking_token_budget")
         params.thinking_budget, params.think_ids, params.thinking_open = budget, self.think_ids, mode == "open"
+        call = self.tokenizer.marker_id("<tool_call>")
+        if req.template_tools() and call is not None:  # a call before </think> ends the reasoning (chat_output.py)
+            params.think_end_ids = (call,)
 
     def params(self, req, prompt_len: int, max_tokens: int | None, default_max: int | None,
                logprobs: int | None, extra_stop_ids=()) -> SamplingParams:

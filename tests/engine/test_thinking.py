@@ -58,8 +58,25 @@ def test_a_model_opened_reasoning_counts_from_its_think(engine):
     assert free.outputs[0].token_ids[0] != think[0] and late.outputs[0].token_ids == free.outputs[0].token_ids
 
 
+def test_an_end_token_closes_the_reasoning_so_nothing_is_forced(engine):
+    """think_end_ids (a `<tool_call>`, where the output parser reads a call as the end of the reasoning): once
+    one is written the budget no longer applies, so a call is never cut by a forced `</think>`."""
+    prompt = engine.tokenizer.encode("def parse(text):")
+    think = ids(engine)
+    (free,) = run_requests(engine, [(prompt, sampling(engine))])
+    free = free.outputs[0].token_ids
+    end = free[2]  # the model's own third token stands in for a <tool_call>
+    (budgeted,) = run_requests(engine, [(prompt, sampling(engine, thinking_budget=5, think_ids=think))])
+    (ended,) = run_requests(engine, [(prompt, sampling(engine, thinking_budget=5, think_ids=think,
+                                                       think_end_ids=(end,)))])
+    assert budgeted.outputs[0].token_ids[5] == think[1] != free[5]
+    assert ended.outputs[0].token_ids == free
+
+
 def test_budget_fields_are_checked():
     with pytest.raises(SamplingParamsError, match="thinking_budget"):
         SamplingParams(thinking_budget=-1, think_ids=(1, 2))
     with pytest.raises(SamplingParamsError, match="think_ids"):
         SamplingParams(thinking_budget=4)
+    with pytest.raises(SamplingParamsError, match="think_end_ids"):
+        SamplingParams(think_end_ids=[3])

@@ -105,6 +105,19 @@ def test_a_constrained_answer_with_thinking_on_gets_its_structure(plain):
         jsonschema.validate(json.loads(arguments), SCHEMA)
 
 
+def test_a_call_before_think_end_ends_the_reasoning_and_the_budget(scripted):
+    """A model that skips `</think>` and goes straight to its call: the call ends the reasoning, so a budget
+    shorter than the call forces no `</think>` into it."""
+    client, reply = scripted
+    reply("Oslo.<tool_call>forecast<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_key>days</arg_key>"
+          "<arg_value>3</arg_value></tool_call>")
+    out = client.chat.completions.create(model=MODEL, messages=ASK, tools=[TOOL], max_tokens=80,
+                                         extra_body={"thinking_token_budget": 7}).choices[0]
+    assert out.finish_reason == "tool_calls" and out.message.model_extra["reasoning_content"] == "Oslo."
+    (call,) = out.message.tool_calls
+    assert call.function.name == "forecast" and json.loads(call.function.arguments) == {"city": "Oslo", "days": 3}
+
+
 def test_reasoning_is_accepted_back_in_assistant_messages(plain):
     client, seen = plain
     call = {"id": "c1", "type": "function", "function": {"name": "forecast", "arguments": '{"city": "Oslo"}'}}
