@@ -219,7 +219,8 @@ def sync() -> None:
 
 def indexer_rows(dev: Device, quick: bool) -> list[dict]:
     from openglm.kernels import dsa as kernels
-    from openglm.model import gpu, sparse_dsa
+    from openglm.model import gpu
+    from openglm.model.glm5 import sparse_dsa
 
     hi, di, topk = GLM5["index_heads"], GLM5["index_dim"], GLM5["topk"]
     tk = 8192 if quick else 32768
@@ -249,7 +250,8 @@ def indexer_rows(dev: Device, quick: bool) -> list[dict]:
 
 def attention_rows(dev: Device, quick: bool) -> list[dict]:
     from openglm.kernels import dsa as kernels
-    from openglm.model import gpu, sparse_dsa
+    from openglm.model import gpu
+    from openglm.model.glm5 import sparse_dsa
 
     h, rank, rope, topk = GLM5["heads"], GLM5["rank"], GLM5["rope"], GLM5["topk"]
     d = rank + rope

@@ -110,7 +110,7 @@ def step_cost(tok, repeats: int = 7) -> dict[str, float]:
     def step(model):
         t0 = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = model(batch[:, :-1], return_aux=True, return_mtp=True)
+            out = model(batch[:, :-1], aux=True, mtp=True)
         logits = out.logits.float()
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)) + out.aux.aux_loss
         loss.backward()

@@ -34,6 +34,20 @@ ALLOWED: dict[str, set[str]] = {
 }
 ANYTHING = {"cli"}
 
+# Inside `model`: the shared modules (openglm/model/*.py: the decoder, config, MoE, norms, RoPE, cache, checkpoint IO,
+# native kernels, fast paths) and one folder per model family. A family imports shared modules and the families
+# listed for it here; a shared module imports no family, except the registry that lists them all.
+MODEL_FAMILIES: dict[str, set[str]] = {
+    "glm5": set(),  # GLM-5: MLA + DSA
+    "glm4": set(),  # GLM-4.x: GQA
+    "glm4_lite": {"glm5"},  # GLM-4.7-Flash: GLM-5's MLA without the indexer
+    "glm5_next": {"glm5"},  # GLM-5.3-Flash: GLM-5's MLA (NoPE) and DSA code with a pooled indexer, KDA layers
+}
+FAMILY_REGISTRY = "openglm.model.families"
+# Shared modules that may still reach into a family: the CUDA dispatch hands DSA cases its kernels do not take back
+# to GLM-5's PyTorch gather (a deferred import).
+FAMILY_USERS = {FAMILY_REGISTRY, "openglm.model.gpu"}
+
 
 def package_of(module: str) -> str | None:
     """'openglm.agent.loop' -> 'agent'; 'openglm.tokenizer' -> 'tokenizer'; 'openglm' -> '__init__'."""
@@ -147,6 +161,43 @@ def test_function_level_imports_say_why():
     silent = [where for where, commented in deferred if not commented]
     assert not silent, ("function-level imports without a comment (import at module level, or say why it is "
                         "deferred: an optional or heavy dependency):\n" + "\n".join(silent))
+
+
+def family_of(module: str) -> str | None:
+    """'openglm.model.glm5.mla' -> 'glm5'; a shared module ('openglm.model.fast') or another package -> None."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "model" and parts[2] in model_folders() else None
+
+
+def model_folders() -> set[str]:
+    return {p.name for p in (PACKAGE / "model").iterdir() if (p / "__init__.py").is_file()}
+
+
+def test_every_model_family_folder_is_listed():
+    assert model_folders() == set(MODEL_FAMILIES), (
+        "openglm/model's family folders and MODEL_FAMILIES (tests/test_architecture.py) differ: list a new family "
+        f"with the families it may import: folders {sorted(model_folders())}, listed {sorted(MODEL_FAMILIES)}")
+
+
+def test_model_families_import_shared_modules_and_their_listed_families_only():
+    wrong, seen = [], 0
+    for path in sorted((PACKAGE / "model").rglob("*.py")):
+        module, is_package = module_of(path)
+        src = family_of(module)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target in imported_modules(node, module, is_package):
+                names = [target] + ([] if isinstance(node, ast.Import) else [f"{target}.{a.name}" for a in node.names])
+                dst = next((f for f in map(family_of, names) if f is not None), None)
+                if dst is None or dst == src:
+                    continue
+                seen += 1
+                allowed = module in FAMILY_USERS if src is None else dst in MODEL_FAMILIES.get(src, set())
+                if not allowed:
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {src or 'shared ' + module} imports {dst}")
+    assert seen, "the scan found no imports of a model family: it is broken"
+    assert not wrong, "imports against the model's family graph (MODEL_FAMILIES):\n" + "\n".join(wrong)
 
 
 def test_the_scan_sees_function_level_and_relative_imports(tmp_path):

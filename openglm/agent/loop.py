@@ -214,6 +214,11 @@ class TaskRun:
             question = str(call.arguments.get("question", ""))
             outcome = TaskState.NEEDS_INPUT.value, question
             return ToolResult("question sent to the user; the answer follows"), outcome, None
+        if call.name == "_no_action" and call.arguments.get("truncated"):
+            return ToolResult(f"Your reply was cut off by {call.arguments['truncated']} before its tool call was "
+                              "complete, so that call was not run. Make it again with less in one reply: write a "
+                              "long file in parts (create it short, then extend it with edit) and keep the text "
+                              "before the call brief.", ok=False, meta={"truncated": True}), None, None
         if call.name == "_no_action":
             return ToolResult("No tool call found. Call a tool, or `submit` when done.", ok=False), None, None
         return self.tools.call(call.name, call.arguments), None, None
@@ -248,7 +253,8 @@ class TaskRun:
         if sha is None:
             raise ValueError(f"step {to_step} is not a committed step of the current history")
         self.snapshots.restore(sha)
-        self._record([("rollback", self.state.step, {"to_step": to_step, "snapshot": sha})], {"snapshot": sha})
+        self._record([("rollback", self.state.step, {"to_step": to_step, "snapshot": sha, "by": "runtime"})],
+                     {"snapshot": sha})
         return sha
 
     def _end_state(self, state: str, reason: str, step: int, snapshot: str):

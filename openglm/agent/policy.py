@@ -69,10 +69,13 @@ class ToolCallingPolicy(Policy):
         return messages, tools, events
 
     def actions(self, response):
+        # a reply cut off by max_tokens: whatever call it was writing is lost, and the model is told so
+        cut = [(ToolCall(name="_no_action", arguments={"truncated": response.truncation or "max_tokens"}, id=""),
+                True)] if response.truncated else []
         if response.tool_calls:
-            return [(c, False) for c in response.tool_calls]
+            return [(c, False) for c in response.tool_calls] + cut
         # Models served without tool support: a ```bash block is a shell call (mini-swe-agent style).
         blocks = re.findall(r"```(?:bash|sh)\n(.*?)```", response.content or "", re.S)
         if blocks:
-            return [(ToolCall(name="bash", arguments={"command": blocks[0].strip()}, id=""), True)]
-        return [(ToolCall(name="_no_action", arguments={}, id=""), True)]
+            return [(ToolCall(name="bash", arguments={"command": blocks[0].strip()}, id=""), True)] + cut
+        return cut or [(ToolCall(name="_no_action", arguments={}, id=""), True)]

@@ -134,15 +134,19 @@ def rollback(store, config: AgentConfig, task_id: str, step: int) -> Task:
         raise ConstraintError("step", f"{step!r} is not a committed step (have {sorted(state.steps)})")
     snaps = Snapshots(task.workspace, config.task_dir(task_id) / "snapshots.git", config.ignore, track=False)
     snaps.restore(sha)  # one restore: watching the workspace would cost more than it saves
-    store.append(task_id, [("rollback", state.step, {"to_step": step, "snapshot": sha})], {"snapshot": sha},
-                 expect_state={task.state})
+    store.append(task_id, [("rollback", state.step, {"to_step": step, "snapshot": sha, "by": "user"})],
+                 {"snapshot": sha}, expect_state={task.state})
     return store.get_task(task_id)
 
 
 def snapshots(store, task_id: str) -> list[dict]:
+    """Every snapshot taken; `kept`: still in the task's history (a rollback discards the later steps,
+    which can then no longer be rolled back to)."""
     store.get_task(task_id)
-    return [{"step": e.step, "snapshot": e.data["id"], "changed": e.data.get("changed", True), "ts": e.ts}
-            for e in store.all_events(task_id) if e.kind == "snapshot"]
+    events = store.all_events(task_id)
+    kept = rebuild([], events).steps
+    return [{"step": e.step, "snapshot": e.data["id"], "changed": e.data.get("changed", True), "ts": e.ts,
+             "kept": kept.get(e.step) == e.data["id"]} for e in events if e.kind == "snapshot"]
 
 
 def status(store, task_id: str, recent: int = 20) -> dict:

@@ -68,7 +68,8 @@ def serve(cfg: DeployConfig, api_key: str | None, limits: ServerLimits, public_m
                      json_whitespace=cfg.json_whitespace, default_chat_template_kwargs=cfg.default_chat_template_kwargs,
                      thinking_token_budget=cfg.thinking_token_budget)
     print(f"openglm serve: {cfg.name} on http://{cfg.host}:{cfg.port} (layout {cfg.layout}, {ranks} rank(s); "
-          f"{cfg.num_kv_blocks} KV blocks x {cfg.block_size} tokens, max_model_len {built.max_model_len})", flush=True)
+          f"{cfg.own('num_kv_blocks')} KV blocks x {cfg.own('block_size')} tokens, max_model_len "
+          f"{built.max_model_len})", flush=True)
     try:
         uvicorn.Server(uvicorn_config(app, cfg.host, cfg.port, limits, log_level)).run()
     finally:

@@ -15,7 +15,7 @@ from openglm.engine.kv_cache import KVPool, PagedBatchCache
 from openglm.engine.quant import quantize_tensor
 from openglm.engine.sequence import Sequence
 from openglm.model.quantized import QuantizedWeight
-from openglm.model.weights import derived_weight
+from openglm.model.derived import derived_weight
 
 PAD_WASTE = 1.3  # a row may join a group when the padded size stays within 1.3x the real tokens
 
@@ -79,14 +79,13 @@ class ModelRunner:
             steps = StepInputs([(seqs[i].token_ids + seqs[i].draft_token_ids)[seqs[i].num_computed_tokens:][:num_tokens[i]]
                                 for i in group], [seqs[i].num_computed_tokens for i in group],
                                [num_tokens[i] for i in group], [list(seqs[i].block_table) for i in group])
-            h = self._call(steps, lambda ids, mask, pos, cache: self.model(
-                ids, attention_mask=mask, position_ids=pos, cache=cache, return_hidden=True,
-                return_logits=False).hidden)
+            h = self._call(steps, lambda ids, mask, pos, cache: self.model.hidden_states(
+                ids, attention_mask=mask, position_ids=pos, cache=cache))
             for row, i in enumerate(group):
                 t = num_tokens[i]
                 keep = 1 + max(0, seqs[i].num_computed_tokens + t - seqs[i].num_tokens)  # drafts inside the chunk
                 hidden[i], kept[i] = h[row, :t], h[row, t - keep : t]
-        logits = self.model.lm_head(torch.cat(kept)).float().cpu()  # one pass over the head's weight for every row
+        logits = self.model.logits(torch.cat(kept)).float().cpu()  # one pass over the head's weight for every row
         return list(logits.split([len(k) for k in kept])), hidden
 
     @torch.inference_mode()
@@ -102,8 +101,7 @@ class ModelRunner:
                 h[row, : len(r.next_ids)] = r.hidden
             steps = StepInputs([r.next_ids for r in sub], [r.past for r in sub], [len(r.next_ids) for r in sub],
                                [r.block_table for r in sub])
-            x = self._call(steps, lambda ids, mask, pos, cache: self.model.mtp_forward(
-                h, ids, pos, mask, cache, return_logits=False)[1])
+            x = self._call(steps, lambda ids, mask, pos, cache: self.model.mtp_forward(h, ids, pos, mask, cache))
             for row, i in enumerate(group):
                 hidden[i] = x[row, len(rows[i].next_ids) - 1]
         hidden = torch.stack(hidden)

@@ -1,8 +1,8 @@
 """The model's GPU fast paths: where the MoE layer and the DSA path hand CUDA tensors to the Triton kernels of
 `openglm.kernels` (imported only here, and only once a CUDA tensor arrives: the CPU path never loads triton).
 
-Dispatch points (each a few lines, marked "CUDA: Triton"): `moe.Experts.forward`, `sparse_dsa.dsa_attention`
-and `sparse_dsa.gather_attention`. Each calls a function here, which returns None where the kernels do not
+Dispatch points (each a few lines, marked "CUDA: Triton"): `moe.Experts.forward`, `glm5.sparse_dsa.dsa_attention`
+and `glm5.sparse_dsa.gather_attention`. Each calls a function here, which returns None where the kernels do not
 apply (the caller then runs its PyTorch ops):
 - experts: silu experts, fp32 / bf16 activations, weights of that dtype or int8 / fp8 `QuantizedWeight`s, no
   capacity limit. With autograd, the kernels compute the forward and the backward recomputes the experts
@@ -147,7 +147,7 @@ def gather_attention(q, k, v, slots, scale: float):
 def _attend(kernels, q, k, v, slots, scale: float):
     """q [B, H, Tq, D] over k [B, 1, Tk, D] whose leading v.shape[-1] channels are v: [B, H, Tq, rank] from the
     Triton kernel; any other case (several key heads, separate values, autograd) through the PyTorch gather."""
-    from openglm.model import sparse_dsa  # sparse_dsa dispatches here: a module-level import would be a cycle
+    from openglm.model.glm5 import sparse_dsa  # sparse_dsa dispatches here: a module-level import would be a cycle
 
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if grad or k.shape[1] != 1 or not _values_in_keys(k, v) or q.dtype not in (torch.float32, torch.bfloat16):

@@ -18,7 +18,7 @@ def checkpoint(tmp_path_factory):
     """A tiny random model (a 6-token summary window, so decode crosses its edge) whose context weights are large
     enough to decide experts; with the next-n layer, which has a context router of its own."""
     from openglm.engine.random_checkpoint import build_random_checkpoint
-    from openglm.model import load_model
+    from openglm.model import load_model, save_pretrained
     from openglm.tokenizer import Tokenizer
 
     root = tmp_path_factory.mktemp("ckpt")
@@ -30,7 +30,7 @@ def checkpoint(tmp_path_factory):
         for m in model.modules():
             if isinstance(m, ContextRouter):
                 m.context_weight.normal_(0.0, 2.0)
-    model.save_pretrained(root / "tiny-ctx")
+    save_pretrained(model, root / "tiny-ctx")
     Tokenizer.from_checkpoint(base).save(root / "tiny-ctx")
     return root / "tiny-ctx"
 

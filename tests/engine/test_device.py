@@ -74,7 +74,8 @@ def test_engine_with_the_kernels_matches_the_engine_without(tiny_checkpoint, mon
         plain = engine_greedy(llm, prompts, 6)
     if device == "cpu":
         monkeypatch.setattr(gpu, "kernel_device", lambda t: True)
-        monkeypatch.setattr("openglm.model.model.DecodePlan.create", lambda *a, **k: None)  # the C decode step
+        # the C decode step
+        monkeypatch.setattr("openglm.model.glm5.decode_step.DecodePlan.create", lambda *a, **k: None)
     calls = {}
     for name in ("experts_forward", "dsa_attention", "gather_attention"):
         def counted(*args, _fn=getattr(gpu, name), _name=name, **kwargs):

@@ -12,7 +12,7 @@ compiled kernels run. Tolerances (max |kernel - reference|, relative to max |ref
 import pytest
 import torch
 
-from openglm.model import sparse_dsa
+from openglm.model.glm5 import sparse_dsa
 
 kernels = pytest.importorskip("openglm.kernels.dsa", reason="triton is a test dependency (pyproject's test extra)")
 

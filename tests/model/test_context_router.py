@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, load_model
+from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, load_model, save_pretrained
 from openglm.model.cache import DynamicCache
 from openglm.model.context_router import ContextRouter, windowed_summary
-from openglm.model.decode_step import DecodePlan
+from openglm.model.glm5.decode_step import DecodePlan
 from openglm.model.errors import ConfigError
 
 
@@ -143,7 +143,7 @@ def test_untrained_context_router_is_the_standard_router():
 
 def test_checkpoint_round_trip_with_next_n_layer(tmp_path):
     model = context_model(num_nextn_predict_layers=1)
-    model.save_pretrained(tmp_path)
+    save_pretrained(model, tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
     assert saved["openglm"]["router_context"] == "gated" and saved["openglm"]["router_context_window"] == 8
     assert "router_context" not in saved  # transformers' keys are those of a standard GLM config
@@ -173,13 +173,13 @@ def test_decode_takes_the_torch_path():
     cache = DynamicCache()
     with torch.no_grad():
         model(ids, cache=cache)
-        assert DecodePlan.create(model.model.layers, cache, ids[:, :1], None, False, torch.float32) is None
+        assert DecodePlan.create(model.model.layers, cache, ids[:, :1], None, torch.float32) is None
 
 
 def test_gradients_reach_the_context_parameters():
     model = context_model().train()
     ids = torch.randint(3, 384, (2, 16))
-    out = model(ids, return_aux=True)
+    out = model(ids, aux=True)
     (out.logits.logsumexp(-1).mean() + out.aux.aux_loss).backward()
     for router in routers(model):
         assert router.context_weight.grad.abs().sum() > 0

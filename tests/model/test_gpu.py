@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from openglm.engine.quant import quantize_model
-from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig, gpu, sparse_dsa
+from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig, gpu
+from openglm.model.glm5 import sparse_dsa
 from openglm.model.moe import Experts
 
 pytest.importorskip("triton", reason="triton is a test dependency (pyproject's test extra)")
@@ -124,7 +125,8 @@ def kernels_on_cpu(monkeypatch):
     CUDA ones; returns the number of calls each dispatch function received."""
     if DEVICE == "cpu":
         monkeypatch.setattr(gpu, "kernel_device", lambda t: True)
-        monkeypatch.setattr("openglm.model.model.DecodePlan.create", lambda *a, **k: None)  # the C decode step
+        # the C decode step
+        monkeypatch.setattr("openglm.model.glm5.decode_step.DecodePlan.create", lambda *a, **k: None)
     calls = {}
     for name in ("experts_forward", "dsa_attention", "gather_attention"):
         def counted(*args, _fn=getattr(gpu, name), _name=name, **kwargs):

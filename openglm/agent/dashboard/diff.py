@@ -29,7 +29,8 @@ def _git(env, cwd, *args) -> str:
 
 
 def snapshot_vs_workspace(git_dir: Path, workspace: str, snapshot: str) -> dict:
-    """{"stat": ..., "patch": ..., "truncated": bool, "files": n} of `snapshot` -> current workspace."""
+    """{"stat": ..., "patch": ..., "truncated": bool, "files": n, "name_status": ["A\tpath", ...]} of `snapshot` ->
+    current workspace (a path added there is one a rollback deletes)."""
     if not (git_dir / "HEAD").exists():
         raise DiffError(f"no snapshots yet in {git_dir}")
     with tempfile.TemporaryDirectory(prefix="openglm-diff-") as tmp:
@@ -39,7 +40,7 @@ def snapshot_vs_workspace(git_dir: Path, workspace: str, snapshot: str) -> dict:
         _git(env, workspace, "read-tree", snapshot)  # stat-less entries: add -A rehashes what differs
         _git(env, workspace, "add", "-A")
         stat = _git(env, workspace, "diff", "--cached", "--stat=120", snapshot)
-        names = _git(env, workspace, "diff", "--cached", "--name-status", snapshot)
+        names = _git(env, workspace, "diff", "--cached", "--name-status", "--no-renames", snapshot)
         patch = _git(env, workspace, "diff", "--cached", "--no-color", snapshot)
     return {"snapshot": snapshot, "stat": stat, "files": len(names.splitlines()),
             "name_status": names.splitlines()[:2000],

@@ -34,6 +34,12 @@ class ModelResponse:
     completion_tokens: int = 0
     model: str = ""
     reasoning: str = ""  # the model's reasoning_content (GLM thinking), sent back per clear_thinking
+    finish_reason: str = ""  # the endpoint's: "stop", "tool_calls", "length" (cut off by the reply cap), ...
+    truncation: str = ""  # when cut off: what capped the reply, in words (the max_tokens setting, the window)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
 
     def to_message(self) -> dict:
         msg = {"role": "assistant", "content": self.content}

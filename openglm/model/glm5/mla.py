@@ -5,7 +5,9 @@ into the output (o_latent @ W_uv^T), so attention runs directly on the cached no
 plus the roped key `k_pe`, which act as one shared key head of width kv_lora_rank + rope_dim.
 This is what makes the DSA gather cheap: each selected key costs one latent row. DSA layers run
 `sparse_dsa` (indexer top-k + attention over the selected latent rows) for prefill, chunked prefill,
-decode and training alike.
+decode and training alike. GLM-4.7-Flash (`glm4_lite`) runs the same attention without an indexer.
+The projections, norms and per-head products are the forward's `ops` steps (`fast.py`): without autograd the
+projections that read the same input run as one matmul, and a decode step's rows take the native kernels.
 """
 
 from __future__ import annotations
@@ -13,18 +15,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from openglm.model import fast
 from openglm.model.attend import attend_dense, attend_latent
 from openglm.model.config import ModelConfig
-from openglm.model.indexer import Indexer
-from openglm.model.native import DECODE_MAX_ROWS, heads_linear, linear
+from openglm.model.derived import derived_weight, fused_rows
+from openglm.model.glm5.indexer import Indexer
+from openglm.model.glm5.sparse_dsa import FEW_QUERIES, dsa_attention, gather_attention
 from openglm.model.norm import RMSNorm
 from openglm.model.rope import apply_rope, softmax_scale
 from openglm.model.sparse import SPARSE_PATTERN_KINDS, mla_pattern_attention, pattern_from_config
-from openglm.model.sparse_dsa import FEW_QUERIES, dsa_attention, gather_attention
-from openglm.model.weights import derived_weight, fused_rows
 
 
 class MLAttention(nn.Module):
+    indexer_class = Indexer  # a model type with another DSA indexer subclasses this with its own
+
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -43,34 +47,38 @@ class MLAttention(nn.Module):
         self.kv_b_proj = nn.Linear(self.rank, self.n_heads * (self.nope + self.v_dim), bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.v_dim, cfg.hidden_size, bias=bias)
         own_indexer = self.kind == "dsa" and cfg.indexer_types[layer_idx] == "full"
-        self.indexer = Indexer(cfg) if own_indexer else None
+        self.indexer = self.indexer_class(cfg) if own_indexer else None
         self.pattern = pattern_from_config(cfg, self.kind) if self.kind in SPARSE_PATTERN_KINDS else None
         # Whether the next DSA layer reuses this layer's selection (indexer_types 'shared'): only then are the
         # slots of every query kept (Tq x k of them) after the attention.
-        later = [j for j in range(layer_idx + 1, cfg.num_hidden_layers) if cfg.attention_kinds[j] == "dsa"]
+        later = [j for j in range(layer_idx + 1, cfg.num_hidden_layers) if cfg.is_dsa(j)]
         self.selection_shared = bool(own_indexer and later and cfg.indexer_types[later[0]] == "shared")
 
-    def forward(self, x, rot, key_valid, past: int, cache=None, prev_selection=None):
-        """x [B,T,hidden] (normed); rot: the forward's `rope.Rotation`. Returns (output [B,T,hidden], DSA
-        selection for a following 'shared' layer: key slots [B,T,k], -1 = none; else None)."""
+    def forward(self, x, rot, key_valid, past: int, cache=None, prev_selection=None, ops: fast.Reference | None = None):
+        """x [B,T,hidden] (normed); rot: the forward's `rope.Rotation`; ops: its paths (`fast.choose`). Returns
+        (output [B,T,hidden], DSA selection for a following 'shared' layer: key slots [B,T,k], -1 = none; else None)."""
+        ops = ops or fast.choose(x)
         B, T, _ = x.shape
-        q_a, kv, k_pe, index_k, index_w = self._project_input(x)
-        q_resid = self.q_a_layernorm(q_a)
-        q, index_q = self._project_query(q_resid)
+        q_a, kv_pe, *indexer_parts = ops.linears(self, "input", self.input_linears(), x)
+        kv, k_pe = kv_pe.split([self.rank, self.rope], dim=-1)
+        index_k, index_w = (indexer_parts + [None, None])[:2]
+        q_resid = ops.norm(self.q_a_layernorm, q_a)
+        q, *index_q = ops.linears(self, "query", self.query_linears(), q_resid)
         q = q.view(B, T, self.n_heads, self.nope + self.rope)
-        entries = {"kv": self.kv_a_layernorm(kv), "k_pe": apply_rope(k_pe, rot.rope)}
+        entries = {"kv": ops.norm(self.kv_a_layernorm, kv), "k_pe": self._rope(k_pe, rot)}
         if self.indexer is not None:
             # Cached in the model dtype, as transformers does: every decode step reads every cached key, and a
             # bf16 key is half the bytes (the scores are fp32 either way: sparse_dsa and decode_kernels widen it).
-            entries["index_k"] = self.indexer.keys(x, rot.index, projected=index_k)
+            entries.update(self.indexer.entries(x, rot, projected=index_k))
         if cache is not None:
             entries = cache.update(self.layer_idx, entries)
         # Absorb W_uk into the query: q_nope . (W_uk c) = (W_uk^T q_nope) . c
-        q_lat, w_uv = self._absorb_query(q[..., : self.nope])  # [B, T, H, rank]
-        q_full = torch.cat([q_lat, apply_rope(q[..., self.nope:], rot.rope)], dim=-1)
+        q_lat = ops.per_head(self, "w_uk_t", q[..., : self.nope], self.kv_b_proj.weight, self._uk_t)  # [B,T,H,rank]
+        q_full = torch.cat([q_lat, self._rope(q[..., self.nope:], rot)], dim=-1) if self.rope else q_lat
         keys = latent_keys(entries["kv"], entries["k_pe"])  # [B, N, 1, rank+rope]
         selection, chunk = None, self.cfg.attn_query_chunk
         if self.kind == "dsa":
+            index_q = index_q[0] if index_q else None
             o_lat, selection = self._dsa(x, rot, q_full, keys, entries, index_q, index_w, key_valid, prev_selection)
         elif self.pattern is not None:  # local+global+random / sliding window: block-sparse over the latents
             o_lat = mla_pattern_attention(q_full, keys, self.rank, self.pattern, self.scale, key_valid, chunk)
@@ -79,11 +87,12 @@ class MLAttention(nn.Module):
             # widths; with values of width `rank` it falls back to materialising the T x N scores.
             o_lat = attend_dense(q_full, keys, keys, key_valid, past, self.scale, chunk)[..., : self.rank]
         # Un-absorb W_uv: o_h = W_uv (sum_j p_j c_j)
-        o = self._unabsorb(o_lat, w_uv)  # [B, T, H, v]
-        o = o.reshape(B, T, self.n_heads * self.v_dim)
-        # Inference skips the module call (as the fused projections do) so a decode step can take `linear`'s rows path.
-        plain = self.o_proj.bias is None and not torch.is_grad_enabled()
-        return (linear(o, self.o_proj.weight) if plain else self.o_proj(o)), selection
+        o = ops.per_head(self, "w_uv", o_lat, self.kv_b_proj.weight, self._uv)  # [B, T, H, v]
+        return ops.linear(self.o_proj, o.reshape(B, T, self.n_heads * self.v_dim)), selection
+
+    def _rope(self, x: torch.Tensor, rot) -> torch.Tensor:
+        """x's rope slice rotated; NoPE attention (qk_rope_head_dim 0, no `rot`) has none to rotate."""
+        return apply_rope(x, rot.rope) if self.rope else x
 
     def _dsa(self, x, rot, q_full, keys, entries, index_q, index_w, key_valid, prev_selection):
         """DSA over the latent keys in `sparse_dsa`'s layout (views, no copies): q [B,H,T,D], one key head
@@ -111,62 +120,18 @@ class MLAttention(nn.Module):
         path too and needs no selection."""
         return key_valid is None and n_queries > FEW_QUERIES and n_keys <= self.cfg.index_topk
 
-    def _absorb_query(self, q_nope):
-        """(W_uk^T q_nope [B,T,H,rank], W_uv [H,v,rank] for `_unabsorb`). A decode step's few rows take
-        `heads_linear` (decode_kernels.c) over a cached per-head transposed W_uk in the model dtype: one call
-        per layer streaming the weight, where the bmm's set-up cost more than its read."""
-        B, T = q_nope.shape[:2]
-        w = self.kv_b_proj.weight
-        w_kv = w.view(self.n_heads, self.nope + self.v_dim, self.rank)
-        if B * T <= DECODE_MAX_ROWS and not torch.is_grad_enabled():
-            w_uk_t = self.w_uk_t()
-            if w_uk_t is not None:
-                out = heads_linear(q_nope.reshape(B * T, self.n_heads, self.nope), w_uk_t)
-                if out is not None:
-                    return out.view(B, T, self.n_heads, self.rank), w_kv[:, self.nope:]
-        w_kv = self._absorbed_weight(B * T).view(self.n_heads, self.nope + self.v_dim, self.rank)
-        return per_head_matmul(q_nope, w_kv[:, : self.nope]), w_kv[:, self.nope:]
+    def _uk_t(self, w: torch.Tensor) -> torch.Tensor:
+        """W_uk transposed per head, [H, rank, nope], a view of kv_b_proj's weight w: what the query absorbs."""
+        return w.view(self.n_heads, self.nope + self.v_dim, self.rank)[:, : self.nope].transpose(1, 2)
+
+    def _uv(self, w: torch.Tensor) -> torch.Tensor:
+        """W_uv [H, v, rank], a view of kv_b_proj's weight w: what the output un-absorbs."""
+        return w.view(self.n_heads, self.nope + self.v_dim, self.rank)[:, self.nope:]
 
     def w_uk_t(self) -> torch.Tensor | None:
-        """W_uk transposed per head, [H, rank, nope] contiguous (cached; None: see `derived_weight`): the weight of
-        a decode step's absorption, `heads_linear` here and `decode_step`'s."""
-        return derived_weight(self, "w_uk_t", [self.kv_b_proj.weight], lambda w: w.view(
-            self.n_heads, self.nope + self.v_dim, self.rank)[:, : self.nope].transpose(1, 2).contiguous())
-
-    def _unabsorb(self, o_lat, w_uv):
-        """o_lat [B,T,H,rank] times W_uv [H,v,rank] per head -> [B,T,H,v] (`heads_linear` for a decode step)."""
-        B, T = o_lat.shape[:2]
-        if w_uv.dtype == o_lat.dtype or w_uv.dtype == torch.float32:
-            out = heads_linear(o_lat.reshape(B * T, self.n_heads, self.rank), w_uv)
-            if out is not None:
-                return out.view(B, T, self.n_heads, self.v_dim)
-        return per_head_matmul(o_lat, w_uv.transpose(1, 2))
-
-    def _absorbed_weight(self, rows: int) -> torch.Tensor:
-        """kv_b_proj's weight for the absorbed products; for a few rows (decode) without autograd in
-        bf16/fp16 an fp32 copy, so `per_head_matmul` runs in fp32: a reduced-precision bmm this small costs
-        ~2x more in oneDNN set-up than the fp32 product, and it accumulates in fp32 too (same result up to
-        summation order). Prefill-sized products stay in bf16, where oneDNN is the faster one."""
-        w = self.kv_b_proj.weight
-        if w.dtype in (torch.bfloat16, torch.float16) and rows <= 64 and not torch.is_grad_enabled():
-            fp32 = derived_weight(self, "kv_b_fp32", [w], lambda w: w.float())
-            return w if fp32 is None else fp32
-        return w
-
-    def _project_input(self, x):
-        """The projections of x: q_a [B,T,q_lora], kv latent [B,T,rank], k_pe [B,T,rope], and with an own
-        indexer its key projection [B,T,index_head_dim] (else None) and, when the fused path computed them,
-        its raw per-head weights [B,T,index_n_heads] (else None: the indexer computes them). Without
-        autograd they are one matmul over the stacked weights; training keeps the separate Linears."""
-        linears = self.input_linears()
-        w = None if torch.is_grad_enabled() else fused_rows(self, "input", linears)
-        if w is None:
-            q_a, kv_pe = self.q_a_proj(x), self.kv_a_proj_with_mqa(x)
-            index_k = self.indexer.wk(x) if self.indexer is not None else None
-            return q_a, *kv_pe.split([self.rank, self.rope], dim=-1), index_k, None
-        sizes = [self.q_a_proj.out_features, self.rank, self.rope] + [lin.out_features for lin in linears[2:]]
-        parts = linear(x, w).split(sizes, dim=-1)
-        return (*parts[:3], parts[3] if len(parts) > 3 else None, parts[4] if len(parts) > 4 else None)
+        """`_uk_t` contiguous (cached; None: see `derived_weight`): the weight of a decode step's absorption, the
+        inference path's per-head product here and `decode_step`'s."""
+        return derived_weight(self, "w_uk_t", [self.kv_b_proj.weight], lambda w: self._uk_t(w).contiguous())
 
     def input_linears(self) -> list[nn.Linear]:
         """The Linears that read the layer's normed input, in the order of their fused weight's rows: q_a, kv_a
@@ -179,31 +144,15 @@ class MLAttention(nn.Module):
                 linears.append(self.indexer.weights_proj)
         return linears
 
+    def query_linears(self) -> list[nn.Linear]:
+        """The Linears that read the normed q latent: q_b and, with an own indexer, its query projection."""
+        return [self.q_b_proj] if self.indexer is None else [self.q_b_proj, self.indexer.wq_b]
+
     def query_weight(self) -> torch.Tensor | None:
-        """The weight of q_resid's projections without autograd: q_b_proj's, stacked with the indexer's wq_b when the
-        layer has an own indexer (None: see `fused_rows`)."""
+        """The stacked weight of `query_linears` as the inference path uses it (None: see `fused_rows`)."""
         if self.indexer is None:
             return self.q_b_proj.weight
-        return fused_rows(self, "query", [self.q_b_proj, self.indexer.wq_b])
-
-    def _project_query(self, q_resid):
-        """q [B,T,H*(nope+rope)] and, with an own indexer, its query projection (else None): one matmul
-        without autograd, as in `_project_input`."""
-        if self.indexer is None:  # `linear`: its decode rows path without the module call
-            return linear(q_resid, self.q_b_proj.weight) if not torch.is_grad_enabled() else self.q_b_proj(q_resid), None
-        w = None if torch.is_grad_enabled() else self.query_weight()
-        if w is None:
-            return self.q_b_proj(q_resid), self.indexer.wq_b(q_resid)
-        q, index_q = linear(q_resid, w).split([self.q_b_proj.out_features, self.indexer.wq_b.out_features], dim=-1)
-        return q, index_q
-
-
-def per_head_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H, i] times w [H, i, o] per head -> [B, T, H, o] in x's dtype, as one bmm over heads with
-    B*T rows each (a broadcast matmul would copy w per sequence), computed in w's dtype."""
-    B, T, H, i = x.shape
-    out = torch.bmm(x.reshape(B * T, H, i).transpose(0, 1).to(w.dtype), w)  # [H, B*T, o]
-    return out.transpose(0, 1).view(B, T, H, w.shape[-1]).to(x.dtype)
+        return fused_rows(self, "query", self.query_linears())
 
 
 def latent_keys(kv: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """A decode step's MLA decoder layers through `decode_kernels.c`: three native calls per layer.
 
 A decode step of a few rows reads little but runs ~95 ATen ops per layer, and their dispatch is the step's cost on a
-small model (figures in docs/model.md). For up to DECODE_MAX_ROWS new tokens without autograd, `DecodePlan` runs
+small model (figures in docs/model.md). For up to `native.max_rows()` new tokens without autograd, `DecodePlan` runs
 each MLA layer (kinds `dsa` and `dense`, own or shared indexer; dense MLP or MoE) as
   mla_decode_select: input norm, projections, q/kv norms, RoPE, the new cache entries written in place, the absorbed
                      queries, and with an own indexer its scores and top-k;
@@ -24,10 +24,10 @@ from torch.nn.modules import module as torch_module  # its registry of hooks on 
 
 from openglm.model.cache import DecodeRows
 from openglm.model.moe import MLP, Experts, MoE
-from openglm.model.native import DECODE_MAX_ROWS, STEP_MAX_WIDTH, decode_kernels, kernel_weight
+from openglm.model.native import check, decode_kernels, decode_limits, kernel_weight
 from openglm.model.quantized import QuantizedWeight
-from openglm.model.sparse_dsa import topk_slots
-from openglm.model.weights import derived_weight, fused_rows
+from openglm.model.derived import derived_weight, fused_rows
+from openglm.model.glm5.sparse_dsa import topk_slots
 
 _I64, _F32, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
@@ -222,7 +222,8 @@ def _build(layer):
         raise Unsupported("dtype or attention type")
     mla, keep_a = _mla_params(layer)
     ffn, keep_f = _ffn_params(layer)
-    if max(mla.hidden, mla.rank, ffn.n_experts, mla.idx_heads * mla.idx_dim) > STEP_MAX_WIDTH:
+    widest = max(mla.hidden, mla.rank, mla.q_lora, ffn.n_experts, mla.idx_heads * mla.idx_dim)
+    if widest > decode_limits().step_max_width:
         raise Unsupported("widths beyond the native step's stack buffers")  # a checkpoint's config is untrusted
     return mla, ffn, keep_a + keep_f
 
@@ -239,13 +240,13 @@ class DecodePlan:
         self.params: dict[int, tuple[MlaLayerC, FfnLayerC]] = {}
 
     @classmethod
-    def create(cls, layers, cache, input_ids: torch.Tensor, attention_mask, with_stats: bool,
-               dtype: torch.dtype) -> "DecodePlan | None":
-        """A plan when every layer has a native form for a residual stream of `dtype` and the cache can lay out
-        the rows; else None."""
+    def create(cls, layers, cache, input_ids: torch.Tensor, attention_mask, dtype: torch.dtype) -> "DecodePlan | None":
+        """A plan when the step's rows fit the kernels, every layer has a native form for a residual stream of
+        `dtype` and the cache can lay out the rows; else None. (`fast.choose` asks for one only without autograd
+        and without statistics.)"""
         B, T = input_ids.shape
-        if (with_stats or torch.is_grad_enabled() or not 0 < B * T <= DECODE_MAX_ROWS or cache is None
-                or not hasattr(cache, "decode_layout") or input_ids.device.type != "cpu" or decode_kernels() is None):
+        if (not 0 < B * T <= decode_limits().max_rows or cache is None or not hasattr(cache, "decode_layout")
+                or input_ids.device.type != "cpu" or decode_kernels() is None):
             return None
         params = [layer_params(layer) for layer in layers]
         if any(p is None or p[0].act_bf16 != (dtype == torch.bfloat16) for p in params):
@@ -289,16 +290,13 @@ class DecodePlan:
         else:
             tied = lib.mla_decode_select(ctypes.addressof(mla), cp, self.n, hp, rot_rows.data_ptr(),
                                          self.state.data_ptr(), None, None, 0, None)
-        if tied < 0:
-            raise MemoryError("decode_kernels: mla_decode_select")
-        if tied:
+        if check(tied, "mla_decode_select"):
             self._break_ties(selection, attn.indexer.topk)
         slots = selection if attn.kind == "dsa" else None
-        if lib.mla_decode_attend(ctypes.addressof(mla), cp, self.n, hp, self.state.data_ptr(),
-                                 None if slots is None else slots.data_ptr(), 0 if slots is None else slots.shape[1],
-                                 self.x.data_ptr()) < 0 or lib.ffn_decode(ctypes.addressof(ffn), self.n, hp,
-                                                                          self.x.data_ptr()) < 0:
-            raise MemoryError("decode_kernels: mla_decode_attend / ffn_decode")
+        check(lib.mla_decode_attend(ctypes.addressof(mla), cp, self.n, hp, self.state.data_ptr(),
+                                    None if slots is None else slots.data_ptr(), 0 if slots is None else slots.shape[1],
+                                    self.x.data_ptr()), "mla_decode_attend")
+        check(lib.ffn_decode(ctypes.addressof(ffn), self.n, hp, self.x.data_ptr()), "ffn_decode")
         return selection
 
     def _break_ties(self, selection: torch.Tensor, topk: int) -> None:

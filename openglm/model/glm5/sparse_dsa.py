@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from openglm.model import gpu
-from openglm.model.native import dsa_kernels, ptr
+from openglm.model.native import check, dsa_kernels, ptr
 from openglm.model.sparse import DEFAULT_BUDGET, check_qkv, needs_grad
 from openglm.model.sparse_patterns import SparsePattern, allowed, key_positions
 
@@ -278,20 +278,23 @@ class _Selector:
         is_bf16 = int(self.score_dtype == torch.bfloat16)
         if nq <= FEW_QUERIES:
             heads = torch.bmm(q, self.kt[:, :, :qe])  # [B, nq * Hi, qe]
-            lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, qe, ptr(w), ptr(n_keys), 0, ptr(rows), scored)
+            check(lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, qe, ptr(w), ptr(n_keys), 0, ptr(rows), scored),
+                  "dsa_head_sum")
         else:
             t = self.key_tile
             tiles = self._tiles()
             heads = self.scratch.take("heads", (b, nq * hi, t), self.score_dtype)
             for c0 in range(0, scored, t):  # keys past n_keys (the tile's padding among them) are not read
                 torch.bmm(q, tiles[:, c0 // t], out=heads)
-                lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, t, ptr(w), ptr(n_keys), c0, ptr(rows), scored)
+                check(lib.dsa_head_sum(ptr(heads), is_bf16, rows_n, hi, t, ptr(w), ptr(n_keys), c0, ptr(rows), scored),
+                      "dsa_head_sum")
         out = torch.empty(b, nq, self.n_top, dtype=torch.long, device=index_q.device)
         work = self.scratch.take("work", (4 * scored,), torch.float32)
         tied = torch.empty(rows_n, dtype=torch.uint8)
         n_sample = int(PREFILTER_SLACK * self.n_top / PREFILTER_STRIDE)
-        if lib.dsa_rows_topk(ptr(rows), scored, rows_n, ptr(n_keys), None if visible is None else ptr(visible), qe,
-                             self.n_top, PREFILTER_STRIDE, n_sample, ptr(out), self.n_top, ptr(work), ptr(tied)):
+        if check(lib.dsa_rows_topk(ptr(rows), scored, rows_n, ptr(n_keys), None if visible is None else ptr(visible),
+                                   qe, self.n_top, PREFILTER_STRIDE, n_sample, ptr(out), self.n_top, ptr(work),
+                                   ptr(tied)), "dsa_rows_topk"):
             r = tied.bool().nonzero().squeeze(1)
             beyond = torch.arange(scored)[None, :] >= n_keys[r, None]  # not written by the C: invisible
             out.view(rows_n, -1)[r] = self._tie_break(rows[r].masked_fill(beyond, float("-inf")))
@@ -348,18 +351,20 @@ def gather_attention(q, k, v, topk_idx, *, scale: float | None = None,
     if gpu.wanted(q):  # CUDA: the Triton sparse MLA kernel (model/gpu.py)
         return gpu.gather_attention(q, k, v, topk_idx, dk ** -0.5 if scale is None else scale)
     return _attend_slots(q, k, v, topk_idx, dk ** -0.5 if scale is None else scale, budget_bytes, sorted_slots,
+                         needs_grad(q, k, v),
                          complete=lo >= 0)
 
 
-def _attend_slots(q, k, v, topk_idx, scale: float, budget_bytes: int, sorted_slots: bool, complete: bool):
+def _attend_slots(q, k, v, topk_idx, scale: float, budget_bytes: int, sorted_slots: bool, grad: bool,
+                  complete: bool):
     """gather_attention without its checks, for slots this module selected. complete: no slot is -1 anywhere
-    (a decode step without padding): nothing to mask or zero."""
+    (a decode step without padding): nothing to mask or zero. grad: autograd records q, k or v (`needs_grad`)."""
     b, h, tq, dk = q.shape
     tk = k.shape[2]
     # A CSR row cannot hold more entries than the matrix has columns (padding entries repeat slot 0).
-    if (needs_grad(q, k, v) or tq <= FEW_QUERIES or q.dtype != torch.float32 or k.dtype != torch.float32
+    if (grad or tq <= FEW_QUERIES or q.dtype != torch.float32 or k.dtype != torch.float32
             or topk_idx.shape[-1] > tk or q.device.type != "cpu"):  # (the key-major paths are CPU kernels)
-        out = _gathered_attend(q, k, v, topk_idx, scale, budget_bytes, complete)
+        out = _gathered_attend(q, k, v, topk_idx, scale, budget_bytes, grad, complete)
         if complete:
             return out
     else:
@@ -431,23 +436,24 @@ def _native_attend(lib, q, k, v, idx, scale: float, out) -> None:
     hkv, tk = k.shape[:2]
     key_start = torch.empty(tk + 1, dtype=torch.long)
     pair_q = torch.empty(idx.numel(), dtype=torch.int32)
-    n = lib.dsa_pairs_by_key(ptr(idx), nq, idx.shape[1], tk, ptr(key_start), ptr(pair_q))
+    n = check(lib.dsa_pairs_by_key(ptr(idx), nq, idx.shape[1], tk, ptr(key_start), ptr(pair_q)), "dsa_pairs_by_key")
     pair_q = pair_q[:n]
     sc, rowmax, rowsum = q.new_empty(n), q.new_empty(nq), q.new_empty(nq)
     o = out if out.stride(-1) == 1 else q.new_empty(out.shape)
     g = h // hkv
     for j in range(h):
         kh, vh = k[j // g], v[j // g]
-        lib.dsa_pair_scores(ptr(q[j]), q.stride(1), ptr(kh), kh.stride(0), tk, dk, scale, ptr(key_start),
-                            ptr(pair_q), ptr(sc), ptr(rowmax), nq)
-        lib.dsa_pair_exp(ptr(sc), ptr(pair_q), ptr(rowmax), n)  # softmax numerators; divided by their sum below
-        lib.dsa_pair_values(ptr(vh), vh.stride(0), tk, v.shape[-1], ptr(key_start), ptr(pair_q), ptr(sc),
-                            ptr(o[j]), o.stride(1), ptr(rowsum), nq)
+        check(lib.dsa_pair_scores(ptr(q[j]), q.stride(1), ptr(kh), kh.stride(0), tk, dk, scale, ptr(key_start),
+                                  ptr(pair_q), ptr(sc), ptr(rowmax), nq), "dsa_pair_scores")
+        # softmax numerators; divided by their sum below
+        check(lib.dsa_pair_exp(ptr(sc), ptr(pair_q), ptr(rowmax), n), "dsa_pair_exp")
+        check(lib.dsa_pair_values(ptr(vh), vh.stride(0), tk, v.shape[-1], ptr(key_start), ptr(pair_q), ptr(sc),
+                                  ptr(o[j]), o.stride(1), ptr(rowsum), nq), "dsa_pair_values")
     if o is not out:
         out.copy_(o)
 
 
-def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int, complete: bool = False):
+def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int, grad: bool, complete: bool = False):
     """Gather each query block's selected key (and value) rows for all sequences at once, then matmul +
     softmax + matmul; differentiable. [B, H, Tq, Dv] in q's dtype; rows with no slot come out finite (the
     caller zeroes them). complete: no slot is -1 (then nothing is masked). At most SMALL_ROWS (sequence, query)
@@ -463,9 +469,9 @@ def _gathered_attend(q, k, v, topk_idx, scale: float, budget_bytes: int, complet
     block = _block(per_query, tq, min(budget_bytes, GATHER_BLOCK_BYTES))
     qt = q.transpose(1, 2)  # [B, Tq, H, Dk]: the model's own layout, so usually a view
     # Without autograd one gather buffer serves every block: fresh multi-MB allocations page-fault each time.
-    reuse = block < tq and not (torch.is_grad_enabled() and k_rows.requires_grad)
+    reuse = block < tq and not grad
     k_buf = k_rows.new_empty(b * block * n_top, k_rows.shape[1]) if reuse else None
-    work = torch.float32 if b * tq <= SMALL_ROWS and not torch.is_grad_enabled() else q.dtype
+    work = torch.float32 if b * tq <= SMALL_ROWS and not grad else q.dtype
     out = []
     for s in range(0, tq, block):
         e = min(tq, s + block)
@@ -610,7 +616,7 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
             slots[:, c:ce, :idx.shape[-1]] = idx
         # Every query past the first n_top slots of a sequence without padding sees n_top keys: no slot unused.
         complete = select.plain and past + c >= n_top or bool((idx >= 0).all())
-        o = _attend_slots(q[:, :, c:ce], k[:, :, :qe], v[:, :, :qe], idx, scale, budget_bytes, True, complete)
+        o = _attend_slots(q[:, :, c:ce], k[:, :, :qe], v[:, :, :qe], idx, scale, budget_bytes, True, grad, complete)
         if isinstance(out, list):
             out.append(o)
         else:
@@ -618,3 +624,106 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
     if isinstance(out, list):
         out = torch.cat(out, 2) if len(out) > 1 else out[0]
     return (out, slots) if return_slots else out
+
+
+# ---- Pooled selection (GLM-5.3): the indexer scores groups of consecutive keys --------------------------------
+
+
+def pooled_topk_slots(index_q, index_k, gate, ape, weights, topk: int, kpool: int, *, scale: float,
+                      key_mask=None, query_mask=None, select_tail: bool = True,
+                      budget_bytes: int = DEFAULT_BUDGET) -> torch.Tensor:
+    """DSA's selection over groups of `kpool` consecutive keys, as GLM-5.3's indexer makes it: key slots
+    [B, Tq, topk + (kpool - 1 if select_tail else 0)] per query (-1 = none), for `gather_attention`.
+
+    index_q [B, Tq, Hi, Di] and weights [B, Tq, Hi] (already scaled) as for `indexer_topk`; index_k and gate
+    [B, N, Di] per cache slot (the queries are the last Tq slots); ape [kpool, Di]; key_mask / query_mask [B, N] /
+    [B, Tq] bool (None: no padding). Groups are aligned at each sequence's first valid key, so left padding does
+    not shift them. A group's key is the mean of its keys weighted by softmax(gate + ape) over the group; a group is
+    a candidate for a query when all its keys are valid and its last key is visible. Each query keeps its best
+    topk / kpool candidate groups (score sum_h w_h relu(scale q_h . group key), ties broken by torch.topk over
+    the same row as transformers' Glm5NextTextIndexer) and, with select_tail, the visible keys after its last
+    complete group. The selection is not differentiable."""
+    b, tq, hi, di = index_q.shape
+    n = index_k.shape[1]
+    _check_scale(scale)
+    with torch.no_grad():
+        first = _first_valid(key_mask, b, n, index_k.device)
+        pools = _Pools(index_k, gate, ape, key_mask, first, kpool)
+        qpos = torch.arange(n - tq, n, device=index_k.device)
+        n_pools = pools.keys.shape[1]
+        block = _block(8 * b * hi * max(n_pools, 1), tq, budget_bytes)
+        width = topk + (kpool - 1 if select_tail else 0)
+        out = torch.full((b, tq, width), -1, dtype=torch.long, device=index_k.device)
+        visible_count = (qpos + 1 - first[:, None] if key_mask is None
+                         else key_mask.long().cumsum(-1)[:, qpos])  # [B, Tq] visible valid keys
+        for s in range(0, tq, block):
+            e = min(tq, s + block)
+            groups, slots = pools.select(index_q[:, s:e].float(), weights[:, s:e].float(), qpos[s:e], scale,
+                                         topk // kpool)
+            out[:, s:e, :slots.shape[-1]] = slots
+            if select_tail and kpool > 1:
+                out[:, s:e, topk:] = _tail_slots(first, visible_count[:, s:e], qpos[s:e], key_mask, groups, kpool, n)
+        if query_mask is not None:
+            out.masked_fill_(~query_mask[..., None], -1)
+    return out
+
+
+def _first_valid(key_mask, b: int, n: int, device) -> torch.Tensor:
+    """[B] the slot of each sequence's first valid key (n when it has none)."""
+    if key_mask is None:
+        return torch.zeros(b, dtype=torch.long, device=device)
+    return torch.where(key_mask.any(-1), key_mask.long().argmax(-1), torch.full((b,), n, device=device))
+
+
+class _Pools:
+    """The key groups of one forward: their pooled keys, slots and validity, over the groups valid in some
+    sequence of the batch (the candidate row transformers scores, so that torch.topk breaks ties alike)."""
+
+    def __init__(self, index_k, gate, ape, key_mask, first, kpool: int):
+        b, n, _ = index_k.shape
+        n_pools = -(-n // kpool)
+        slots = first[:, None, None] + torch.arange(n_pools * kpool, device=index_k.device).view(1, n_pools, kpool)
+        in_range = slots < n
+        safe = slots.clamp(0, n - 1)
+        rows = torch.arange(b, device=index_k.device)[:, None, None]
+        valid = in_range if key_mask is None else in_range & key_mask[rows, safe]
+        logits = (gate[rows, safe].float() + ape.float()).masked_fill(~valid[..., None], float("-inf"))
+        weights = torch.nan_to_num(logits.softmax(2))  # a group with no valid key: zeros, not NaN
+        keys = (weights * index_k[rows, safe].float()).sum(2)
+        pool_valid = valid.all(-1)
+        keep = pool_valid.any(0)
+        self.ids = keep.nonzero().squeeze(1)  # [P'] group number of each kept group
+        self.keys, self.valid = keys[:, keep], pool_valid[:, keep]  # [B, P', Di], [B, P']
+        self.slots = slots[:, keep]  # [B, P', kpool]
+        self.end = self.slots[..., -1]  # [B, P'] each group's last slot
+
+    def select(self, q, w, qpos, scale: float, n_groups: int):
+        """(group numbers [B, Q, k] (-1 = none), their slots [B, Q, k * kpool]) of the queries at slots qpos."""
+        b, nq = q.shape[:2]
+        scores = torch.matmul(q, self.keys.transpose(1, 2).unsqueeze(1))  # [B, Q, Hi, P']
+        scores = F.relu(scores * scale)
+        summed = torch.matmul(w.unsqueeze(-2), scores).squeeze(-2)  # [B, Q, P']
+        candidate = self.valid[:, None, :] & (self.end[:, None, :] <= qpos[None, :, None])
+        summed = summed.masked_fill(~candidate, torch.finfo(summed.dtype).min)
+        k = min(n_groups, summed.shape[-1])
+        chosen = summed.topk(k, dim=-1).indices  # [B, Q, k]
+        ok = candidate.gather(-1, chosen)
+        rows = torch.arange(b, device=q.device)[:, None, None]
+        slots = self.slots[rows, chosen].masked_fill(~ok[..., None], -1).flatten(-2)
+        return self.ids[chosen].masked_fill(~ok, -1), slots
+
+
+def _tail_slots(first, visible_count, qpos, key_mask, groups, kpool: int, n: int) -> torch.Tensor:
+    """[B, Q, kpool - 1]: the visible keys after each query's last complete group (-1 = none), minus any that
+    lie in a selected group (possible only when the padding has holes)."""
+    offsets = torch.arange(kpool - 1, device=first.device)
+    tail_count = visible_count.remainder(kpool)
+    start = first[:, None] + visible_count - tail_count
+    slots = start[..., None] + offsets  # [B, Q, kpool - 1]
+    ok = (offsets < tail_count[..., None]) & (slots < n) & (slots <= qpos[None, :, None])
+    if key_mask is not None:
+        rows = torch.arange(first.shape[0], device=first.device)[:, None, None]
+        ok &= key_mask[rows, slots.clamp(0, n - 1)]
+        group_of = (slots - first[:, None, None]).div(kpool, rounding_mode="floor")
+        ok &= ~(group_of[..., None] == groups[:, :, None, :]).any(-1)
+    return slots.masked_fill(~ok, -1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from openglm.model import fast
 from openglm.model.attend import attend_dense
 from openglm.model.config import ModelConfig
 from openglm.model.norm import RMSNorm
@@ -36,14 +37,15 @@ class GQAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.use_qk_norm = cfg.use_qk_norm
 
-    def forward(self, x, rot, key_valid, past: int, cache=None, prev_selection=None):
+    def forward(self, x, rot, key_valid, past: int, cache=None, prev_selection=None, ops: fast.Reference | None = None):
         """Same call as MLAttention's; returns (output [B,T,hidden], None)."""
+        ops = ops or fast.choose(x)
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
         if self.use_qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = ops.norm(self.q_norm, q), ops.norm(self.k_norm, k)
         q, k = rope_halves(q, rot.rope), rope_halves(k, rot.rope)
         if cache is not None:
             entries = cache.update(self.layer_idx, {"k": k, "v": v})
