@@ -172,18 +172,21 @@ class OpenAIServing:
             raise APIError(400, "n: a response holds one answer", param="n")
         mode, _, stream = await self.start_chat(req, request)
         head = responses.response_head(body, req, self.model_name)
-        tools, count = req.template_tools(), lambda ids: self.reasoning_tokens(mode, ids)
+        tools = req.template_tools()
+        count = lambda ids: self.reasoning_tokens(mode, ids, bool(tools))  # noqa: E731
         if req.stream:
             return _sse(responses.events(head, stream, mode, tools, count), named=True)
         finals = await stream.collect()
         return JSONResponse(responses.body(head, finals[0], mode, tools, count))
 
-    def reasoning_tokens(self, mode: str, ids: list[int]) -> int:
-        """Output tokens spent reasoning: those before the first `</think>` (all of them if it never came)."""
+    def reasoning_tokens(self, mode: str, ids: list[int], tools: bool = False) -> int:
+        """Output tokens spent reasoning: those before the first `</think>`, or before a `<tool_call>` where tools
+        are listed (a call ends the reasoning); all of them if neither came."""
         opened = mode == "open" or (mode == "optional" and self.think_ids[0] in ids[:2])
         if not opened:
             return 0
-        return ids.index(self.think_ids[1]) if self.think_ids[1] in ids else len(ids)
+        ends = {self.think_ids[1]} | ({self.tokenizer.marker_id("<tool_call>")} if tools else set())
+        return next((k for k, t in enumerate(ids) if t in ends), len(ids))
 
     async def tokenize(self, body) -> dict:
         """`/tokenize` (server/tokens.py): a prompt's ids, or those of the prompt a chat request renders."""

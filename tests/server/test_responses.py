@@ -34,6 +34,18 @@ def test_a_response_holds_reasoning_message_and_call(scripted):
     assert out.tools[0].name == "get_weather" and out.model == MODEL
 
 
+def test_a_call_before_think_end_ends_the_reasoning_and_its_token_count(scripted):
+    client, reply = scripted
+    call = REPLY.split("Checking.")[1]
+    reply("plan it" + call)  # no </think>: the model went straight to its call
+    out = client.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER], max_output_tokens=200)
+    reasoning, fc = out.output
+    assert (reasoning.content[0].text, fc.type, json.loads(fc.arguments)) == ("plan it", "function_call",
+                                                                             {"city": "Paris", "days": 2})
+    # "plan it" is a few tokens; the call and the stop token after it are not reasoning
+    assert 0 < out.usage.output_tokens_details.reasoning_tokens < out.usage.output_tokens - 10
+
+
 def test_the_stream_builds_the_same_response(scripted):
     client, reply = scripted
     reply(REPLY)
