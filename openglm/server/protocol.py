@@ -127,18 +127,21 @@ class CompletionRequest(_Sampling):
 
 
 # ---- chat messages, tools and output constraints (the chat protocol; see docs/serving.md) ----------
-MEDIA_PARTS = {"image_url": "image", "input_image": "image", "image": "image", "video_url": "video", "video": "video"}
-
-
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
     text: str
 
 
-# content parts of other kinds (OpenAI's chat and Responses names): a 400 saying what the model cannot read
-MEDIA_PARTS = {"image_url": "images", "input_image": "images", "image": "images", "input_audio": "audio",
-               "audio": "audio", "file": "files", "input_file": "files", "video_url": "video"}
+# content parts of other kinds (OpenAI's chat and Responses names): a 400 saying what the model cannot read (a
+# GLM-5.3-Flash checkpoint carries a vision tower that openglm keeps but does not run)
+MEDIA_PARTS = {"image_url": "image", "input_image": "image", "image": "image", "input_audio": "audio",
+               "audio": "audio", "file": "file", "input_file": "file", "video_url": "video", "video": "video"}
+
+
+def media_refusal(kind: str) -> str:
+    return (f"{MEDIA_PARTS[kind]} input is not supported for this checkpoint (a {kind!r} part): openglm runs the "
+            "text model only (content parts of type 'text')")
 
 
 def unreadable_part(messages) -> tuple[tuple, str] | None:
@@ -148,8 +151,7 @@ def unreadable_part(messages) -> tuple[tuple, str] | None:
         for j, part in enumerate(content if isinstance(content, list) else ()):
             kind = part.get("type") if isinstance(part, dict) else None
             if isinstance(kind, str) and kind in MEDIA_PARTS:
-                return ("messages", i, "content", j), (f"{MEDIA_PARTS[kind]} are not supported (a {kind!r} part): "
-                                                       f"this model reads text only")
+                return ("messages", i, "content", j), media_refusal(kind)
     return None
 
 
@@ -187,18 +189,6 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None  # vLLM's name for reasoning_content: either is read
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_parts_only(cls, v):
-        # A clear refusal of image/video parts (GLM-5.3-Flash checkpoints carry a vision tower openglm does not run)
-        for part in v if isinstance(v, list) else []:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if isinstance(kind, str) and kind in MEDIA_PARTS:
-                raise PydanticCustomError("media_input", "{media} input is not supported for this checkpoint: "
-                                          "openglm runs the text model only (content parts of type 'text')",
-                                          {"media": MEDIA_PARTS[kind]})
-        return v
 
     @model_validator(mode="after")
     def _known_fields(self):

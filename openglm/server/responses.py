@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from openglm.server.chat_output import ChatOutputParser, Delta
 from openglm.server.errors import APIError, validation_message
-from openglm.server.protocol import MEDIA_PARTS, ChatCompletionRequest
+from openglm.server.protocol import MEDIA_PARTS, ChatCompletionRequest, media_refusal
 
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text", "refusal")
 STORED_ONLY = ("previous_response_id", "conversation", "prompt")  # they name stored objects: this server keeps none
@@ -143,8 +143,7 @@ def _text(content, where: str):
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in MEDIA_PARTS:
-            raise APIError(400, f"{where}.{j}: {MEDIA_PARTS[kind]} are not supported (a {kind!r} part): this model "
-                                "reads text only", param=f"{where}.{j}")
+            raise APIError(400, f"{where}.{j}: {media_refusal(kind)}", param=f"{where}.{j}")
         if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
             raise APIError(400, f"{where}.{j}: a content part must be a text part ({', '.join(TEXT_PARTS[:3])})",
                            param=f"{where}.{j}")

@@ -98,7 +98,7 @@ def test_replayed_items_become_the_conversation():
     ({"tools": [{"type": "web_search"}]}, "tools.0.type", "only function tools"),
     ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "a"},
                                              {"type": "input_image", "image_url": "data:,"}]}]},
-     "input.0.content.1", "images are not supported"),
+     "input.0.content.1", "image input is not supported"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type", "stored item"),
     ({"input": [{"role": "wizard", "content": "x"}]}, "input.0.role", "system"),
     ({"max_output_tokens": 0}, "max_output_tokens", "at least 1"),
