@@ -124,6 +124,23 @@ class TokenizerError(ValueError):
     """Bad tokenizer input: vocabulary too small, missing files, empty training data, bad messages."""
 
 
+def tokenizer_folder(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike | None = None) -> Path:
+    """Where the tokenizer of `checkpoint` is: `tokenizer` when given (a folder or its tokenizer.json), else the
+    checkpoint folder itself; TokenizerError naming `--tokenizer` when that folder has none (weights saved alone)."""
+    if tokenizer is not None:
+        p = Path(tokenizer)
+        folder = p.parent if p.is_file() else p
+        if not (folder / "tokenizer.json").is_file():
+            raise TokenizerError(f"--tokenizer {tokenizer}: no tokenizer.json there")
+        return folder
+    folder = Path(checkpoint)
+    if not (folder / "tokenizer.json").is_file():
+        raise TokenizerError(f"{folder} has no tokenizer (tokenizer.json): pass --tokenizer PATH, a folder that holds "
+                             "one (e.g. the checkpoint it was trained or converted from), or save the weights with "
+                             "their tokenizer: save_pretrained(model, path, tokenizer=...)")
+    return folder
+
+
 def min_vocab_size() -> int:
     return N_BYTES + len(SPECIAL_TOKENS) + len(MARKERS)
 
@@ -340,18 +357,21 @@ class Tokenizer:
 
     # ---- files
     def save(self, out_dir: str | os.PathLike) -> Path:
-        """Write tokenizer.json, tokenizer_config.json, special_tokens_map.json and chat_template.jinja."""
+        """Write tokenizer.json, tokenizer_config.json, special_tokens_map.json and chat_template.jinja. A tokenizer
+        loaded from a checkpoint keeps that checkpoint's tokenizer_config.json entries (its eos, pad, class); the
+        template is written to chat_template.jinja only, so the two can never disagree."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        specials = {"bos_token": SOP, "eos_token": EOS, "pad_token": PAD}
         config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
-            **specials,
+            "bos_token": SOP, "eos_token": EOS, "pad_token": PAD,
             "additional_special_tokens": [GMASK] + [f"<|{r}|>" for r in ROLES],
-            "model_max_length": self.model_max_length,
             "clean_up_tokenization_spaces": False,
+            **{k: v for k, v in self.config.items() if k != "chat_template"},
+            "model_max_length": self.model_max_length,
         }
-        special_map = {**specials, "additional_special_tokens": config["additional_special_tokens"]}
+        special_map = {k: config[k] for k in ("bos_token", "eos_token", "pad_token", "additional_special_tokens")
+                       if config.get(k) is not None}
         write_atomic(out / "tokenizer.json", self.hf.to_str())
         write_atomic(out / "tokenizer_config.json", json.dumps(config, indent=2))
         write_atomic(out / "special_tokens_map.json", json.dumps(special_map, indent=2))

@@ -20,6 +20,7 @@ from openglm.deploy.config import (OPENGLM_DEFAULTS, DeployConfig, DeployConfigE
                                    load_deploy_config)
 from openglm.server.limits import ServerLimits
 from openglm.util.auth import is_loopback
+from openglm.util.dtypes import argparse_dtype
 
 KEY_ENV = "OPENGLM_API_KEY"
 
@@ -82,8 +83,8 @@ def register_serve(subparsers):
     p.add_argument("--config", default=None, metavar="DEPLOY_YAML",
                    help="serve the deployment a deploy.yaml describes (model, parallel_config, batching, block size, "
                         "quantization, session cache); under torchrun --nproc_per_node=TP it runs tensor/expert "
-                        "parallel with rank 0 serving HTTP; the API key, request limits, --threads and --log-level "
-                        "flags then still apply, the engine and address flags do not. Default: none (serve "
+                        "parallel with rank 0 serving HTTP; the API key, request limits, --tokenizer, --threads and "
+                        "--log-level flags then still apply, the engine and address flags do not. Default: none (serve "
                         "CHECKPOINT with the flags below)")
     p.add_argument("--host", default=DEPLOY["host"], help="address to listen on; 0.0.0.0 = all interfaces"+D)
     p.add_argument("--port", type=int, default=DEPLOY["port"], help="TCP port"+D)
@@ -111,8 +112,11 @@ def register_serve(subparsers):
     p.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix (session) cache")
     p.add_argument("--quantization", choices=["none", "int8", "fp8"], default="none",
                    help="weight-only quantisation (int8 read in place by the decode kernels, fp8 dequantised per op)"+D)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="weight and compute dtype" + own("dtype"))
+    p.add_argument("--dtype", type=argparse_dtype(), default=None, metavar="DTYPE",
+                   help="weight and compute dtype: fp32, bf16 or fp16 (also float32, bfloat16, float16)" + own("dtype"))
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="folder with tokenizer.json and the chat template, for a checkpoint saved without them "
+                        "(default: the checkpoint's own)")
     p.add_argument("--device", default=DEPLOY["device"], metavar="DEVICE",
                    help="cpu, cuda or cuda:N: where the weights, the paged KV cache and the steps run; on CUDA the "
                         "MoE experts and DSA attention run Triton kernels (the `gpu` extra; docs/gpu.md)"+D)
@@ -160,7 +164,8 @@ def serve_config(args) -> DeployConfig:
     if args.config is not None and args.checkpoint is not None:
         raise DeployConfigError("give either a CHECKPOINT or --config (the config names the model), not both")
     if args.config is not None:
-        return load_deploy_config(args.config)
+        cfg = load_deploy_config(args.config)
+        return dataclasses.replace(cfg, tokenizer=args.tokenizer) if args.tokenizer else cfg
     if args.checkpoint is None:
         raise DeployConfigError("give a CHECKPOINT folder or --config deploy.yaml")
     k = args.num_speculative_tokens
@@ -172,7 +177,7 @@ def serve_config(args) -> DeployConfig:
         dtype=args.dtype, device=args.device, session_cache=SessionCache(not args.no_prefix_caching, args.session_ttl),
         speculative=Speculative(num_speculative_tokens=k) if k else None, json_whitespace=args.json_whitespace,
         default_chat_template_kwargs=args.default_chat_template_kwargs,
-        thinking_token_budget=args.thinking_token_budget)
+        thinking_token_budget=args.thinking_token_budget, tokenizer=args.tokenizer)
 
 
 def serve(args) -> int:

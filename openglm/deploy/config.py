@@ -15,7 +15,7 @@ by `openglm deploy`. `engine_config` is the one place an `EngineConfig` is built
     block_size: 64                        # tokens per KV block
     num_kv_blocks: 2048                   # openglm's pool size (GPU engines size theirs from memory)
     quantization: fp8                     # none | fp8 | int8 (weight-only)
-    dtype: bfloat16
+    dtype: bfloat16                       # or bf16; float32 / fp32, float16 / fp16
     device: cpu                           # cpu | cuda | cuda:N (openglm's engine on one process; docs/gpu.md)
     session_cache: {enabled: true, ttl_s: 600}   # prefix cache across turns, idle blocks kept ttl_s seconds
     speculative: {method: mtp, num_speculative_tokens: 1}   # GLM's MTP layer (openglm: one process only)
@@ -23,6 +23,7 @@ by `openglm deploy`. `engine_config` is the one place an `EngineConfig` is built
     thinking_token_budget: 2048           # reasoning tokens before </think> is forced, unless a request says
     tool_call_parser: glm47               # default: the family's recipe
     reasoning_parser: glm45
+    tokenizer: null                       # a folder with tokenizer.json when `model` has none (null: the model's)
 
 Every key is optional except `model`; an unknown key or a wrong type is an error naming it. The engine-tuning
 keys (batched tokens, sequences, block size, KV blocks, dtype) left out mean each engine's own default:
@@ -41,6 +42,7 @@ import yaml
 
 from openglm.deploy.recipes import RECIPES, gpu_memory_gb
 from openglm.engine.config import DEVICE, EngineConfig
+from openglm.util.dtypes import dtype_name
 
 if TYPE_CHECKING:
     from openglm.model.parallel import ParallelLayout
@@ -111,6 +113,7 @@ class DeployConfig:
     tool_call_parser: str | None = None  # None: the family's recipe (hand-off only)
     reasoning_parser: str | None = None
     json_whitespace: str = "compact"  # between the JSON tokens of constrained output: none, or any run of it
+    tokenizer: str | None = None  # folder with tokenizer.json + chat template when `model` lacks them (None: model's)
     family: str | None = None  # a GLM family of deploy.recipes; None: found from the model
     gpu: str | None = None  # the GPU the hand-off's layout must fit: H200, B200, ... or "96GB"
     default_chat_template_kwargs: dict | None = None  # GLM's template switches where a request sets none
@@ -125,8 +128,11 @@ class DeployConfig:
                 raise DeployConfigError(f"{name} must be a positive integer (or left out), got {value!r}")
         if self.quantization not in (None, "none", "fp8", "int8"):
             raise DeployConfigError(f"quantization must be none, fp8 or int8, got {self.quantization!r}")
-        if self.dtype not in (None, "float32", "bfloat16", "float16"):
-            raise DeployConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype is not None:
+            try:
+                object.__setattr__(self, "dtype", dtype_name(self.dtype))  # one name for every spelling (frozen)
+            except ValueError as e:
+                raise DeployConfigError(str(e)) from None
         if self.json_whitespace not in ("compact", "flexible"):
             raise DeployConfigError(f"json_whitespace must be compact or flexible, got {self.json_whitespace!r}")
         check_template_kwargs(self.default_chat_template_kwargs)
@@ -216,9 +222,10 @@ def load_deploy_config(path: str | Path) -> DeployConfig:
     except yaml.YAMLError as e:
         raise DeployConfigError(f"{path} is not valid YAML: {e}") from None
     cfg = parse_deploy_config(data)
-    model = Path(cfg.model)
-    if not model.is_absolute() and (Path(path).parent / model).exists():  # relative to the config file
-        cfg = dataclasses.replace(cfg, model=str(Path(path).parent / model))
+    for key in ("model", "tokenizer"):
+        value = getattr(cfg, key)
+        if value is not None and not Path(value).is_absolute() and (Path(path).parent / value).exists():
+            cfg = dataclasses.replace(cfg, **{key: str(Path(path).parent / value)})  # relative to the config file
     return cfg
 
 

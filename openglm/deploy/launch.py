@@ -22,7 +22,7 @@ from openglm.model.errors import ModelError
 from openglm.model.parallel import check_serving_layout
 from openglm.server.app import create_app
 from openglm.server.limits import ServerLimits, uvicorn_config
-from openglm.tokenizer import Tokenizer
+from openglm.tokenizer import Tokenizer, tokenizer_folder
 
 IDLE_TIMEOUT = timedelta(days=365)  # followers wait in a broadcast between requests: never time them out
 
@@ -31,13 +31,14 @@ def build_engine(cfg: DeployConfig) -> LLMEngine | ModelRunner:
     """Every rank: load, shard, quantise. Returns the LLMEngine on rank 0 and a plain ModelRunner elsewhere.
     The layout is checked against the checkpoint's config before any process group starts."""
     path = resolve_checkpoint(cfg.model)
+    tokenizer_dir = tokenizer_folder(path, cfg.tokenizer)  # a folder without one is named before any weight is read
     world = int(os.environ.get("WORLD_SIZE", "1"))
     model_cfg = read_config(path)
     check_serving_layout(cfg.layout, model_cfg, world)
     check_shardable(model_cfg, world)  # what openglm's own engine can shard (vLLM/SGLang may do more)
     config = engine_config(cfg, world)
     if world == 1:
-        return LLMEngine.from_pretrained(path, config)
+        return LLMEngine.from_pretrained(path, config, tokenizer=tokenizer_dir)
     if config.device != "cpu":
         raise ValueError(f"device {config.device!r}: tensor/expert-parallel serving runs on the CPU (gloo); a GPU "
                          "serves one process")
@@ -47,7 +48,7 @@ def build_engine(cfg: DeployConfig) -> LLMEngine | ModelRunner:
     model = shard_for_serving(load_model(str(path), dtype=getattr(torch, config.dtype)), cfg.layout)
     if config.quantization:
         quantize_model(model, config.quantization)
-    tokenizer = Tokenizer.from_checkpoint(path)
+    tokenizer = Tokenizer.from_checkpoint(tokenizer_dir)
     runner_type = ModelRunner if dist.get_rank() > 0 else BroadcastingModelRunner
     runner = runner_type(model, config.num_kv_blocks, config.block_size, getattr(tokenizer, "pad_id", 0))
     return runner if dist.get_rank() > 0 else LLMEngine(model, tokenizer, config, runner=runner)

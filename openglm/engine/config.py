@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from openglm.util.dtypes import dtype_name
+
 
 @dataclass
 class EngineConfig:
@@ -33,8 +35,7 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.quantization must be none, int8 or fp8, got {self.quantization!r}")
         if self.quantization == "none":
             self.quantization = None
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"EngineConfig.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        self.dtype = dtype_name(self.dtype, what="EngineConfig.dtype")  # bf16, fp32, fp16 spelled either way
         if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):
             raise ValueError(f"EngineConfig.device must be cpu, cuda or cuda:N, got {self.device!r}")
 

@@ -75,7 +75,10 @@ class LLMEngine:
         self._ids = itertools.count()
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> "LLMEngine":
+    def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None,
+                        tokenizer: str | Path | None = None) -> "LLMEngine":
+        """The engine of a checkpoint folder (or a run folder's latest checkpoint); `tokenizer`: another folder to
+        read the tokenizer from (a checkpoint saved without one)."""
         from openglm.model import load_model  # torch weights: loaded only from a checkpoint
 
         config = config or EngineConfig()
@@ -85,7 +88,7 @@ class LLMEngine:
             from openglm.engine.quant import quantize_model  # optional (--quantization)
 
             quantize_model(model, config.quantization)
-        return cls(model, Tokenizer.from_checkpoint(path), config)
+        return cls(model, Tokenizer.from_checkpoint(tokenizer or path), config)
 
     @property
     def grammar(self) -> GrammarEngine:

@@ -40,6 +40,5 @@ def build_random_checkpoint(path: str | Path, preset: str = "tiny", vocab_size: 
                                   pad_token_id=tok.pad_id, bos_token_id=tok.bos_ids[-1], **overrides)
     torch.manual_seed(seed)
     model = build_model(cfg)  # the preset's family: GlmMoeDsaForCausalLM, or glm5_next's subclass
-    save_pretrained(model, path)
-    tok.save(path)
+    save_pretrained(model, path, tokenizer=tok)
     return path
