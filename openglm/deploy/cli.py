@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shlex
 import shutil
@@ -134,9 +135,27 @@ def register_serve(subparsers):
     p.add_argument("--json-whitespace", choices=["compact", "flexible"], default=DEPLOY["json_whitespace"],
                    help="whitespace between the JSON tokens of constrained output (response_format, tool-call "
                         "arguments): none, or any run of it; a request's structured_outputs overrides it"+D)
+    p.add_argument("--default-chat-template-kwargs", type=_json_object, default=None, metavar="JSON",
+                   help="chat-template switches for requests that set none, e.g. '{\"enable_thinking\": false}' "
+                        "(GLM's enable_thinking, clear_thinking; vLLM's flag) (default: the template's own: thinking "
+                        "on)")
+    p.add_argument("--thinking-token-budget", type=int, default=None, metavar="N",
+                   help="reasoning tokens after which </think> is forced, for requests that set no budget (default: "
+                        "none; a constrained answer, forced tool call or response_format, thinks at most half its "
+                        "max_tokens)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     p.add_argument("--log-level", default="info", help="uvicorn log level: debug, info, warning, error"+D)
     p.set_defaults(func=serve)
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
 
 
 def _refuses_without_key(args, api_key: str | None, host: str) -> bool:
@@ -166,7 +185,8 @@ def serve_config(args) -> DeployConfig:
         num_kv_blocks=args.num_kv_blocks, quantization=None if args.quantization == "none" else args.quantization,
         dtype=args.dtype, device=args.device, session_cache=SessionCache(not args.no_prefix_caching, args.session_ttl),
         speculative=Speculative(num_speculative_tokens=k) if k else None, json_whitespace=args.json_whitespace,
-        tokenizer=args.tokenizer)
+        default_chat_template_kwargs=args.default_chat_template_kwargs,
+        thinking_token_budget=args.thinking_token_budget, tokenizer=args.tokenizer)
 
 
 def serve(args) -> int:

@@ -19,6 +19,8 @@ by `openglm deploy`. `engine_config` is the one place an `EngineConfig` is built
     device: cpu                           # cpu | cuda | cuda:N (openglm's engine on one process; docs/gpu.md)
     session_cache: {enabled: true, ttl_s: 600}   # prefix cache across turns, idle blocks kept ttl_s seconds
     speculative: {method: mtp, num_speculative_tokens: 1}   # GLM's MTP layer (openglm: one process only)
+    default_chat_template_kwargs: {enable_thinking: false}   # what a chat request leaves unset (vLLM's flag)
+    thinking_token_budget: 2048           # reasoning tokens before </think> is forced, unless a request says
     tool_call_parser: glm47               # default: the family's recipe
     reasoning_parser: glm45
     tokenizer: null                       # a folder with tokenizer.json when `model` has none (null: the model's)
@@ -52,6 +54,25 @@ OPENGLM_DEFAULTS = {"max_num_batched_tokens": 2048, "max_num_seqs": 32, "block_s
 
 class DeployConfigError(ValueError):
     """deploy.yaml is missing, unreadable, or holds a key or value openglm does not know."""
+
+
+TEMPLATE_SWITCHES = ("enable_thinking", "clear_thinking")  # the chat-template kwargs openglm honours (GLM's)
+
+
+def check_template_kwargs(value) -> dict | None:
+    """`default_chat_template_kwargs` as given (a mapping of GLM's switches to true/false), or the reason not."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise DeployConfigError(f"default_chat_template_kwargs must be a JSON object, got {value!r}")
+    unknown = sorted(set(value) - set(TEMPLATE_SWITCHES))
+    if unknown:
+        raise DeployConfigError(f"default_chat_template_kwargs: unknown key(s) {unknown} "
+                                f"(known: {list(TEMPLATE_SWITCHES)})")
+    bad = [k for k, v in value.items() if not isinstance(v, bool)]
+    if bad:
+        raise DeployConfigError(f"default_chat_template_kwargs: {bad[0]} must be true or false, got {value[bad[0]]!r}")
+    return dict(value)
 
 
 @dataclass(frozen=True)
@@ -95,6 +116,8 @@ class DeployConfig:
     tokenizer: str | None = None  # folder with tokenizer.json + chat template when `model` lacks them (None: model's)
     family: str | None = None  # a GLM family of deploy.recipes; None: found from the model
     gpu: str | None = None  # the GPU the hand-off's layout must fit: H200, B200, ... or "96GB"
+    default_chat_template_kwargs: dict | None = None  # GLM's template switches where a request sets none
+    thinking_token_budget: int | None = None  # reasoning tokens before </think> is forced (server/thinking.py)
 
     def __post_init__(self):
         if not isinstance(self.port, int) or isinstance(self.port, bool) or self.port <= 0:
@@ -112,6 +135,10 @@ class DeployConfig:
                 raise DeployConfigError(str(e)) from None
         if self.json_whitespace not in ("compact", "flexible"):
             raise DeployConfigError(f"json_whitespace must be compact or flexible, got {self.json_whitespace!r}")
+        check_template_kwargs(self.default_chat_template_kwargs)
+        budget = self.thinking_token_budget
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
+            raise DeployConfigError(f"thinking_token_budget must be a non-negative integer or null, got {budget!r}")
         if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):
             raise DeployConfigError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.family is not None and self.family not in RECIPES:

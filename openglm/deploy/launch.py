@@ -69,7 +69,8 @@ def serve(cfg: DeployConfig, api_key: str | None, limits: ServerLimits, public_m
     for note in [*unused_fields(cfg, ranks), *built.notes]:  # the engine's: e.g. a hybrid model's settings
         print(f"openglm serve: note: {note}", file=sys.stderr)
     app = create_app(built, cfg.name, api_key=api_key, public_metrics=public_metrics, limits=limits,
-                     json_whitespace=cfg.json_whitespace)
+                     json_whitespace=cfg.json_whitespace, default_chat_template_kwargs=cfg.default_chat_template_kwargs,
+                     thinking_token_budget=cfg.thinking_token_budget)
     print(f"openglm serve: {cfg.name} on http://{cfg.host}:{cfg.port} (layout {cfg.layout}, {ranks} rank(s); "
           f"{cfg.own('num_kv_blocks')} KV blocks x {cfg.own('block_size')} tokens, max_model_len "
           f"{built.max_model_len})", flush=True)

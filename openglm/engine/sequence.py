@@ -50,6 +50,7 @@ class Sequence:
         self.first_token_time: float | None = None
         self.generator = None  # torch.Generator when params.seed is set (made by the sampler)
         self.matcher = None  # llguidance matcher when params.grammar is set (made by the engine)
+        self.reasoning = None  # where its reasoning stands, with a thinking budget (engine/thinking.py)
         # speculative decoding: tokens the MTP layer proposed after token_ids, verified in the next step,
         # and (sampling) the distributions they were drawn from, [len(drafts), vocab]
         self.draft_token_ids: list[int] = []

@@ -119,8 +119,8 @@ class AsyncEngine:
                 return
             try:
                 self.engine.add_request(prompt_ids, params, request_id=rid, group=group)
-            except ValueError as exc:
-                self._send(rid, APIError(400, str(exc)))
+            except ValueError as exc:  # the prompt (checked before already: not expected)
+                self._send(rid, APIError(400, str(exc), param="prompt"))
         elif cmd[0] == "abort":
             self._abort(cmd[1])
 
