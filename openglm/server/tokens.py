@@ -5,7 +5,8 @@ and the text of token ids.
   prefixes GLM's `[gMASK]<sop>`); with `messages` (a chat request's fields: `tools`,
   `chat_template_kwargs`, `thinking`, `add_generation_prompt`, ...): the ids of the prompt
   `/v1/chat/completions` would render for it. Answers `{"count", "max_model_len", "tokens", "token_strs"}`
-  (`token_strs` with `return_token_strs: true`). A prompt longer than the context is still counted.
+  (`token_strs` with `return_token_strs: true`). Rendering and tokenising run in the prepare workers, within
+  their budgets: a prompt that cannot fit the context is a 400 (`context_length_exceeded`), not tokenised whole.
 - `/detokenize` with `tokens`: `{"prompt": text}`; an id outside the vocabulary is a 400.
 """
 

@@ -427,3 +427,17 @@ def test_an_unknown_field_nested_900_deep_is_a_400(http):
     assert err["param"] == "stream_options.x"
     ok = http.post(CHAT, json=chat("hi", store=False, metadata={"k": "v"}))  # bookkeeping fields: no effect
     assert ok.status_code == 200, ok.text
+
+
+def test_tokenize_renders_and_tokenises_in_the_prepare_workers(hostile):
+    """/tokenize takes the same road as the chat and completion routes: a looping template is a 400 after its
+    budget, a 4 MB prompt is refused before it is tokenised, and the server goes on."""
+    url, proc = hostile
+    err = error_of(httpx.post(f"{url}/tokenize", json={"model": MODEL, "messages": [
+        {"role": "user", "content": "LOOP"}]}, timeout=60), 400)
+    assert "ran longer than its limit of 1 s" in err["message"]
+    huge = "def f(): return 1; " * (4_000_000 // 19)
+    err = error_of(httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": huge}, timeout=60), 400)
+    assert err["code"] == "context_length_exceeded"
+    ok = httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": "def f():"}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["count"] > 0 and proc.poll() is None
