@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from openglm.retrieval.spans import python_files
-from openglm.swe.testrun import run_pytest, run_unittest
+from openglm.swe.testrun import run_command, run_pytest, run_unittest
 
 
 @dataclass
@@ -18,16 +17,16 @@ class VerifyConfig:
     runner: str = "auto"  # auto | pytest | unittest | none
     timeout: float = 900
     pythonpath: list[str] | None = None
+    python: str | None = None  # the interpreter the tests run under (the repository's environment)
 
 
 def changed_python_files(repo: Path) -> list[str] | None:
     """Python files differing from HEAD (tracked changes + untracked), or None outside git."""
-    proc = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo,
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
+    rc, out, _ = run_command(["git", "status", "--porcelain", "--untracked-files=all"], repo, timeout=120)
+    if rc != 0:
         return None
     files = []
-    for line in proc.stdout.splitlines():
+    for line in out.splitlines():
         path = line[3:].split(" -> ")[-1].strip('"')
         if path.endswith(".py") and (repo / path).exists():
             files.append(path)
@@ -79,12 +78,15 @@ def verify(repo: str | Path, files: list[str] | None = None, tests: list[str] = 
     runner = detect_runner() if config.runner == "auto" else config.runner
     if runner != "none":
         if runner == "unittest":
-            run = run_unittest(repo, list(tests), pythonpath=config.pythonpath, timeout=config.timeout)
+            run = run_unittest(repo, list(tests), python=config.python, pythonpath=config.pythonpath,
+                               timeout=config.timeout)
         else:
-            run = run_pytest(repo, list(tests), pythonpath=config.pythonpath, timeout=config.timeout)
+            run = run_pytest(repo, list(tests), python=config.python, pythonpath=config.pythonpath,
+                             timeout=config.timeout)
         result["tests"] = {
             "runner": runner, "returncode": run.returncode, "timed_out": run.timed_out,
             "passed": len(run.passed), "failed": run.failed,
+            "collection_errors": run.with_outcome("collect_error"), "timeouts": run.with_outcome("timeout"),
             "results": {n: r["outcome"] for n, r in sorted(run.results.items())},
             "failures": {n: run.results[n]["longrepr"][-3000:] for n in run.failed},
         }

@@ -71,7 +71,7 @@ def test_combined_ranks_the_buggy_function_and_line(shop):
     assert combined["functions"][0]["location"] == "shop/prices.py::apply_discount"
     top5 = [x["location"] for x in combined["lines"][:5]]
     assert "shop/prices.py:13" in top5  # `return cents + off`
-    assert set(result["techniques"]) == {"sbfl", "traceback", "text"}
+    assert set(result["techniques"]) == {"sbfl", "traceback", "text", "tests"}
 
 
 def test_sbfl_scores_lines_only_failing_tests_run(shop):

@@ -1,8 +1,14 @@
-"""Traceback analysis: the frames named in a failure's output, deepest (closest to the raise) first.
+"""Traceback analysis: the frames named in a failure's output, deepest (closest to the raise) first,
+and the names a failing test could not import.
 
 Understands Python's native format (`File "x.py", line 3, in f`) and pytest's (`x.py:3: in f`,
 and the closing `x.py:3: ValueError`). Frames in test files are kept out of the ranking: the bug is
 rarely in the test that reports it.
+
+A test module that does not import (it imports what the fix adds or renames) runs no test, so it
+leaves no coverage; its ImportError still says where to look: `cannot import name 'X' from 'pkg.mod'
+(/path/pkg/mod.py)` names the module that lacks X, and the functions there whose names share words
+with X are the likeliest to change.
 """
 
 from __future__ import annotations
@@ -11,10 +17,13 @@ import re
 from dataclasses import dataclass
 
 from openglm.retrieval.spans import FunctionIndex, is_test_path
+from openglm.swe.localize.text import tokens
 
 _NATIVE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _PYTEST = re.compile(r"^(\S+\.py):(\d+): (?:in (\S+)|(\w[\w.]*(?:Error|Exception|Warning|Exit)\b|\w+))",
                      re.M)
+_CANNOT_IMPORT = re.compile(r"cannot import name '(\w+)' from '([\w.]+)'(?: \(([^)]+)\))?")
+_NO_ATTRIBUTE = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,47 @@ def traceback_scores(index: FunctionIndex, texts: list[str]) -> dict[str, dict[s
             fn = index.function_at(rel, line)
             if fn is not None:
                 _add(scores["functions"], fn.key, s)
+    return scores
+
+
+def missing_names(index: FunctionIndex, text: str) -> list[tuple[str, str]]:
+    """(repo file, name) for each `cannot import name` / `has no attribute` naming a repo module."""
+    out = []
+    for m in _CANNOT_IMPORT.finditer(text):
+        rel = (index.rel(m.group(3)) if m.group(3) else None) or module_file(index, m.group(2))
+        if rel in index.sources:
+            out.append((rel, m.group(1)))
+    for m in _NO_ATTRIBUTE.finditer(text):
+        rel = module_file(index, m.group(1))
+        if rel in index.sources:
+            out.append((rel, m.group(2)))
+    return list(dict.fromkeys(out))
+
+
+def module_file(index: FunctionIndex, module: str) -> str | None:
+    """`pkg.mod` -> `pkg/mod.py` or `pkg/mod/__init__.py` (or under src/), if the repo has it."""
+    base = module.replace(".", "/")
+    for rel in (f"{base}.py", f"{base}/__init__.py", f"src/{base}.py", f"src/{base}/__init__.py"):
+        if rel in index.sources:
+            return rel
+    return None
+
+
+def import_scores(index: FunctionIndex, texts: list[str], module: str) -> dict[str, dict[str, float]]:
+    """The module a failing test could not import a name from scores 1 (its module-level code too:
+    a new name is usually defined there); its functions score by the words their names share with
+    the missing name (`get_new_command` for a missing `get_new_commands`)."""
+    scores: dict[str, dict[str, float]] = {"files": {}, "functions": {}, "lines": {}}
+    for text in texts:
+        for rel, name in missing_names(index, text):
+            scores["files"][rel] = 1.0
+            scores["functions"][f"{rel}::{module}"] = 1.0
+            wanted = set(tokens(name))
+            for fn in index.functions.get(rel, []):
+                shared = wanted & set(tokens(fn.name.rsplit(".", 1)[-1]))
+                if shared:
+                    s = len(shared) / len(wanted | set(tokens(fn.name)))
+                    scores["functions"][fn.key] = max(scores["functions"].get(fn.key, 0.0), s)
     return scores
 
 
