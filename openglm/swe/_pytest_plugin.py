@@ -90,9 +90,14 @@ def _reporting(fn):
     return wrapper
 
 
+def node_id(nodeid: str) -> str:
+    """pytest < 4 names a class's tests `file::Class::()::test`; later ones (and users) `file::Class::test`."""
+    return nodeid.replace("::()", "")
+
+
 def _write(nodeid: str, entry: dict) -> None:
     if _out is not None:
-        _out.write(json.dumps({"nodeid": nodeid, **entry}) + "\n")
+        _out.write(json.dumps({"nodeid": node_id(nodeid), **entry}) + "\n")
         _out.flush()
 
 
@@ -104,8 +109,8 @@ def pytest_collectreport(report):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     if _cov is not None:
-        _cov.switch_context(item.nodeid)
-    _current["nodeid"] = item.nodeid
+        _cov.switch_context(node_id(item.nodeid))
+    _current["nodeid"] = node_id(item.nodeid)
     yield
     _current["nodeid"] = ""
     deadline = float(os.environ.get("OPENGLM_DEADLINE") or 0)

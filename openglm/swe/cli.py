@@ -163,7 +163,8 @@ def cmd_swe_solve(args) -> int:
     if model is None:
         raise SystemExit("swe-solve needs --model-url and --model (an OpenAI-compatible endpoint) or --replay")
     config = SolveConfig(out_dir=Path(args.out), repos_dir=Path(args.repos_dir), model=model,
-                         model_name=args.model or "replay", timeout=args.timeout, reveal_tests=args.reveal_tests)
+                         model_name=args.model or "replay", timeout=args.timeout, reveal_tests=args.reveal_tests,
+                         envs_dir=Path(args.envs_dir))
     print(f"predictions -> {solve(instances, config)}")
     return 0
 
@@ -262,6 +263,8 @@ def register(subparsers) -> None:
     p.add_argument("--repos-dir", default=".bench/swe-gen/repos",
                    help="local clones, named owner__name (default %(default)s)")
     p.add_argument("--timeout", default="60m", help="time per instance, e.g. 60m, 2h (default %(default)s)")
+    p.add_argument("--envs-dir", default=".bench/envs",
+                   help="shared dependency environments of instances that list requirements (default %(default)s)")
     p.add_argument("--reveal-tests", action="store_true", help="tell the agent the FAIL_TO_PASS test ids")
     p.add_argument("--instance-ids", nargs="*", help=INSTANCE_IDS)
     p.set_defaults(func=cmd_swe_solve)

@@ -309,7 +309,7 @@ _PYTEST_MARKS = ("import pytest", "from pytest", "@pytest.", "pytest.fixture")
 def repo_runner(repo: str | Path) -> str:
     """The runner the repository's tests are written for: "pytest" when it configures pytest (a pytest
     config section, conftest.py) or its tests use it; "unittest" when its tests are unittest suites only
-    (or pytest is not installed); "pytest" otherwise."""
+    (or pytest is not installed) that `unittest discover` can find (in packages); "pytest" otherwise."""
     repo = Path(repo)
     if importlib.util.find_spec("pytest") is None:
         return "unittest"
@@ -321,8 +321,16 @@ def repo_runner(repo: str | Path) -> str:
         text = path.read_text(errors="replace")
         if path.name == "conftest.py" or any(m in text for m in _PYTEST_MARKS):
             return "pytest"
+        if not _in_packages(repo, path):
+            return "pytest"  # `unittest discover` finds test modules only inside packages
         uses_unittest = uses_unittest or "unittest" in text
     return "unittest" if uses_unittest else "pytest"
+
+
+def _in_packages(repo: Path, path: Path) -> bool:
+    """Is every folder between the repository root and `path` a package (has an __init__.py)?"""
+    return all((repo.joinpath(*path.relative_to(repo).parts[:i]) / "__init__.py").is_file()
+               for i in range(1, len(path.relative_to(repo).parts)))
 
 
 def _test_files(repo: Path, limit: int = 500):

@@ -55,6 +55,7 @@ def source_repo(instance: dict, repos_dir: Path) -> Path:
 
 def checkout(instance: dict, repos_dir: Path, dest: Path) -> None:
     src = source_repo(instance, repos_dir)
+    dest.parent.mkdir(parents=True, exist_ok=True)
     rc, out, _ = run_command(["git", "clone", "--quiet", "--shared", "--no-checkout", str(src.resolve()), str(dest)],
                              dest.parent, timeout=600)
     if rc != 0:

@@ -68,6 +68,22 @@ def test_command(instance: dict, repo: Path | None = None) -> str:
     return pytest_command(test_files(instance, repo), args)
 
 
+def instance_venv(instance: dict, repo: Path, venv_dir: Path, config: HarnessConfig, log: list[str]) -> Path:
+    """The instance's venv for the checkout `repo`: over its dependency environment (built if needed),
+    the install commands run inside it; returns its python. Raises EnvBuildError."""
+    env = instance.get("openglm_env") or {}
+    deps = dependency_env(env["requirements"], config.envs_dir, config.env_timeout) if env.get("requirements") else None
+    python = make_venv(venv_dir, repo, instance.get("openglm_pythonpath"), deps,
+                       stdlib_compat=bool(env.get("stdlib_compat")))
+    log.append(f"venv {python} over {deps or 'the harness packages'}")
+    for cmd in filter(None, [env.get("install_cmd"), config.install_cmd]):
+        rc, out, timed_out = run_in_venv(venv_dir, repo, cmd, config.timeout)
+        log.append(f"$ {cmd} -> {rc}\n{out[-4000:]}")
+        if rc != 0:
+            raise EnvBuildError(f"`{cmd}` failed (exit {rc}{', timed out' if timed_out else ''}): {first_error(out)}")
+    return python
+
+
 class Sandbox:
     """Where an instance's tests run: a private checkout at base_commit and a private venv.
 
@@ -83,19 +99,8 @@ class Sandbox:
         try:
             t0 = time.time()
             checkout(instance, config.repos_dir, self.repo)
-            env = instance.get("openglm_env") or {}
-            deps = dependency_env(env["requirements"], config.envs_dir, config.env_timeout) \
-                if env.get("requirements") else None
-            python = make_venv(self.venv, self.repo, instance.get("openglm_pythonpath"), deps,
-                               stdlib_compat=bool(env.get("stdlib_compat")))
-            self.log.append(f"checkout + venv ({python}, dependencies: {deps or 'the harness'}) "
-                            f"in {time.time() - t0:.1f}s")
-            for cmd in filter(None, [env.get("install_cmd"), config.install_cmd]):
-                rc, out, timed_out = run_in_venv(self.venv, self.repo, cmd, config.timeout)
-                self.log.append(f"$ {cmd} -> {rc}\n{out[-4000:]}")
-                if rc != 0:
-                    raise EnvBuildError(f"`{cmd}` failed (exit {rc}{', timed out' if timed_out else ''}): "
-                                        f"{first_error(out)}")
+            self.python = instance_venv(instance, self.repo, self.venv, config, self.log)
+            self.log.append(f"checkout + environment in {time.time() - t0:.1f}s")
         except BaseException:
             self.close()
             raise

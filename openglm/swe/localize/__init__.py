@@ -28,7 +28,7 @@ from openglm.swe.localize.sbfl import MODULE, function_key, sbfl_scores, spectru
 from openglm.swe.localize.suite import choose_failing, named_matches
 from openglm.swe.localize.text import test_text_scores, text_scores
 from openglm.swe.localize.ties import tie_breaks
-from openglm.swe.localize.traceback import import_scores, traceback_scores
+from openglm.swe.localize.traceback import import_scores, missing_names, traceback_scores
 from openglm.swe.testrun import TestRun, run_pytest, source_paths
 
 LEVELS = ("files", "functions", "lines")
@@ -120,13 +120,16 @@ def localize(repo: str | Path, failing_tests: list[str] = (), issue: str = "", t
             if not run.results and run.output:
                 report["output_tail"] = run.output[-2000:]
             failure_texts = [run.results[t]["longrepr"] for t in failing if t in run.results]
+            # a test that failed on a name its module lacks stopped before the code under test ran:
+            # its coverage is set-up only, the missing name is the evidence (`imports`)
+            spectral = [t for t in failing if t in run.results and not missing_names(index, run.results[t]["longrepr"])]
             passed = set(run.passed)
-            if run.coverage_file and failing:
-                counts = spectrum(index, run.coverage_file, set(failing), passed)
-                sbfl = sbfl_scores(index, counts, len(failing))
+            if run.coverage_file and spectral:
+                counts = spectrum(index, run.coverage_file, set(spectral), passed)
+                sbfl = sbfl_scores(index, counts, len(spectral))
                 _merge_max(sbfl, global_scores(index, sbfl["lines"], MODULE))
                 techniques["sbfl"] = sbfl
-                techniques["tests"] = test_text_scores(index, failing, counts, failure_texts)
+                techniques["tests"] = test_text_scores(index, spectral, counts, failure_texts)
         texts += failure_texts
         imports = import_scores(index, failure_texts, MODULE)
         if imports["files"]:

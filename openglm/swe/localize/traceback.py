@@ -8,7 +8,8 @@ rarely in the test that reports it.
 A test module that does not import (it imports what the fix adds or renames) runs no test, so it
 leaves no coverage; its ImportError still says where to look: `cannot import name 'X' from 'pkg.mod'
 (/path/pkg/mod.py)` names the module that lacks X, and the functions there whose names share words
-with X are the likeliest to change.
+with X are the likeliest to change. A test that patches a name the module lacks (`mock.patch`'s
+`does not have the attribute 'X'`) fails the same way, before it runs any code of the module.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ _PYTEST = re.compile(r"^(\S+\.py):(\d+): (?:in (\S+)|(\w[\w.]*(?:Error|Exception
                      re.M)
 _CANNOT_IMPORT = re.compile(r"cannot import name '(\w+)' from '([\w.]+)'(?: \(([^)]+)\))?")
 _NO_ATTRIBUTE = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
+# mock.patch of a name the module lacks: `<module 'pkg.mod' from '/p/pkg/mod.py'> does not have the attribute 'x'`
+_MOCK_MISSING = re.compile(r"<module '([\w.]+)' from '([^']+)'> does not have the attribute '(\w+)'")
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,10 @@ def missing_names(index: FunctionIndex, text: str) -> list[tuple[str, str]]:
         rel = module_file(index, m.group(1))
         if rel in index.sources:
             out.append((rel, m.group(2)))
+    for m in _MOCK_MISSING.finditer(text):
+        rel = index.rel(m.group(2)) or module_file(index, m.group(1))
+        if rel in index.sources:
+            out.append((rel, m.group(3)))
     return list(dict.fromkeys(out))
 
 
