@@ -65,4 +65,5 @@ def test_unittest_suites_outside_packages_run_under_pytest(tmp_path):
     repo = _repo(tmp_path)
     (repo / "tests" / "__init__.py").unlink()  # `unittest discover` would find nothing
     assert repo_runner(repo) == "pytest"
-    assert run_tests(repo, []).failed == ["tests/test_calc.py::TestCalc::test_add", "tests/test_calc.py::TestCalc::test_neg"]
+    failed = run_tests(repo, []).failed
+    assert failed == ["tests/test_calc.py::TestCalc::test_add", "tests/test_calc.py::TestCalc::test_neg"]
