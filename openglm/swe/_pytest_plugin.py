@@ -10,6 +10,12 @@ Code that runs only to describe a failure - pytest's assertion rewriting calling
 compared values, unittest formatting its `a != b` message - is recorded under the context
 `<nodeid>|report`, so localisation does not mistake a `__repr__` for the code under test.
 
+Each assertion that passes inside a test starts a new coverage context, `<nodeid>|1`, `<nodeid>|2`,
+...: what ran before a passing assertion is a passing execution even when a later assertion of the
+same test fails, and only the last segment of a failing test holds the failing one. Passing
+assertions are seen through pytest's `pytest_assertion_pass` hook (pytest >= 5 with rewriting on;
+testrun turns `enable_assertion_pass_hook` on) and by wrapping unittest's `assert*` methods.
+
 Each finished test is appended to the results file as one JSON line at once, so a run killed at its
 time limit still leaves what it finished. A module that fails to import is a `collect_error` entry
 keyed by the module's node id. Environment variables (set by `openglm.swe.testrun`):
@@ -33,7 +39,7 @@ _results: dict[str, dict] = {}
 _cov = None
 _out = None
 REPORT_SUFFIX = "|report"  # coverage context of failure-reporting code: `<nodeid>|report`
-_current = {"nodeid": "", "depth": 0}
+_current = {"nodeid": "", "depth": 0, "segment": 0, "asserting": 0}
 # (module, function) pairs that run only to describe a failed assertion
 _REPORTERS = [("_pytest.assertion.rewrite", "_saferepr"), ("_pytest.assertion.rewrite", "_call_reprcompare"),
               ("_pytest.assertion.rewrite", "_format_assertmsg"), ("unittest.case", "safe_repr"),
@@ -59,6 +65,7 @@ def pytest_configure(config):
                                  branch=False, config_file=False)
         _cov.start()
         _wrap_reporters()
+        _wrap_unittest_assertions()
 
 
 def _wrap_reporters() -> None:
@@ -74,6 +81,49 @@ def _wrap_reporters() -> None:
             setattr(module, name, _reporting(original))
 
 
+def _context() -> str:
+    """The coverage context of the current test's current segment."""
+    seg = _current["segment"]
+    return _current["nodeid"] + (f"|{seg}" if seg else "")
+
+
+def _assertion_passed() -> None:
+    if _cov is not None and _current["nodeid"] and not _current["depth"]:
+        _current["segment"] += 1
+        _cov.switch_context(_context())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_assertion_pass(item, lineno, orig, expl):
+    _assertion_passed()
+
+
+def _wrap_unittest_assertions() -> None:
+    """unittest's assert* methods: a call that returns (not a context manager such as assertRaises
+    without a callable, whose check comes later) is a passing assertion. Assertions calling others
+    (assertEqual -> assertListEqual) count once."""
+    import unittest  # only with coverage: the wrappers switch coverage contexts
+
+    for name in dir(unittest.TestCase):
+        method = getattr(unittest.TestCase, name)
+        if name.startswith(("assert", "fail")) and callable(method) and name != "failureException":
+            setattr(unittest.TestCase, name, _asserting(method))
+
+
+def _asserting(fn):
+    def wrapper(*args, **kwargs):
+        _current["asserting"] += 1
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            _current["asserting"] -= 1
+        if not _current["asserting"] and not hasattr(result, "__enter__"):
+            _assertion_passed()
+        return result
+
+    return wrapper
+
+
 def _reporting(fn):
     def wrapper(*args, **kwargs):
         outer = _current["depth"] == 0 and _current["nodeid"]
@@ -85,7 +135,7 @@ def _reporting(fn):
         finally:
             _current["depth"] -= 1
             if outer:
-                _cov.switch_context(_current["nodeid"])
+                _cov.switch_context(_context())
 
     return wrapper
 
@@ -108,9 +158,9 @@ def pytest_collectreport(report):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
+    _current.update(nodeid=node_id(item.nodeid), segment=0)
     if _cov is not None:
-        _cov.switch_context(node_id(item.nodeid))
-    _current["nodeid"] = node_id(item.nodeid)
+        _cov.switch_context(_context())
     yield
     _current["nodeid"] = ""
     deadline = float(os.environ.get("OPENGLM_DEADLINE") or 0)

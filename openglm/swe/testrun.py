@@ -249,15 +249,18 @@ def run_pytest(repo: str | Path, targets: list[str], *, python: str | None = Non
     extra = {"OPENGLM_RESULTS": str(results_file), "OPENGLM_DEADLINE": str(time.time() + timeout)}
     if test_timeout:
         extra["OPENGLM_TEST_TIMEOUT"] = str(test_timeout)
+    coverage_args = []
     if coverage_source is not None:
         run.coverage_file = str(Path(run.tmp) / ".coverage")
         extra["OPENGLM_COV_DATA"] = run.coverage_file
         extra["OPENGLM_COV_SOURCE"] = os.pathsep.join(str((repo / s).resolve()) for s in coverage_source)
+        # passing plain `assert`s start new coverage segments (pytest >= 5; older ones ignore the key)
+        coverage_args = ["-o", "enable_assertion_pass_hook=true"]
     # addopts= and no cacheprovider: the project's own pytest options (coverage plugins, -x...)
     # must not change what runs, and nothing is written into the checkout.
     cmd = [python, "-m", "pytest", "-p", "openglm.swe._pytest_plugin", "-p", "no:cacheprovider",
            *pytest_config_args(repo.resolve()), "-o", "addopts=", "-q", "--tb=short",
-           "--continue-on-collection-errors", *(extra_args or []), *targets]
+           "--continue-on-collection-errors", *coverage_args, *(extra_args or []), *targets]
     _run_into(run, cmd, repo, child_env(repo, pythonpath, extra), timeout + KILL_GRACE_S)
     run.results = read_results(results_file)
     if coverage_source is None:
@@ -282,22 +285,39 @@ def run_unittest(repo: str | Path, targets: list[str], *, python: str | None = N
     return run
 
 
-def per_test_lines(coverage_file: str) -> dict[str, dict[str, set[int]]]:
-    """{file: {nodeid: executed lines}} from a coverage data file recorded by the plugin. Import
-    time (the empty context) and failure-reporting code (`<nodeid>|report`) belong to no test."""
+def per_segment_lines(coverage_file: str) -> dict[str, dict[tuple[str, int], set[int]]]:
+    """{file: {(nodeid, segment): executed lines}} from a coverage data file recorded by the plugin
+    (segment k: what ran after the test's k-th passing assertion). Import time (the empty context)
+    and failure-reporting code (`<nodeid>|report`) belong to no test."""
     import coverage  # optional: only to read per-test coverage
 
     from openglm.swe._pytest_plugin import REPORT_SUFFIX  # the plugin names its contexts
 
     data = coverage.CoverageData(basename=coverage_file)
     data.read()
-    out: dict[str, dict[str, set[int]]] = {}
+    out: dict[str, dict[tuple[str, int], set[int]]] = {}
+    names: dict[str, tuple[str, int]] = {}
     for path in data.measured_files():
-        by_test: dict[str, set[int]] = {}
+        by_unit: dict[tuple[str, int], set[int]] = {}
         for line, contexts in data.contexts_by_lineno(path).items():
             for ctx in contexts:
-                if ctx and not ctx.endswith(REPORT_SUFFIX):
-                    by_test.setdefault(ctx, set()).add(line)
+                if not ctx or ctx.endswith(REPORT_SUFFIX):
+                    continue
+                if ctx not in names:
+                    test, _, seg = ctx.rpartition("|")
+                    names[ctx] = (test, int(seg)) if test and seg.isdigit() else (ctx, 0)
+                by_unit.setdefault(names[ctx], set()).add(line)
+        out[path] = by_unit
+    return out
+
+
+def per_test_lines(coverage_file: str) -> dict[str, dict[str, set[int]]]:
+    """{file: {nodeid: executed lines}}: per_segment_lines with each test's segments merged."""
+    out: dict[str, dict[str, set[int]]] = {}
+    for path, by_unit in per_segment_lines(coverage_file).items():
+        by_test: dict[str, set[int]] = {}
+        for (test, _), lines in by_unit.items():
+            by_test.setdefault(test, set()).update(lines)
         out[path] = by_test
     return out
 

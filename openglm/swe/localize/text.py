@@ -88,7 +88,7 @@ def test_text_scores(index: FunctionIndex, failing: list[str], counts: dict[str,
         query += tokens("\n".join(ln for ln in text.splitlines() if ln.startswith("E ")))
     scores: dict[str, dict[str, float]] = {"files": {}, "functions": {}, "lines": {}}
     executed = {function_key(index, rel, line) for rel, lines in counts.items()
-                for line, (ef, _) in lines.items() if ef}
+                for line, (ef, *_) in lines.items() if ef}
     docs = {}
     for rel, fns in index.functions.items():
         lines = index.sources[rel].splitlines()
