@@ -57,16 +57,26 @@ def change_turn(step: int, n_files: int) -> dict:
 
 
 def timing_hooks(acc: dict, marks: list) -> Hooks:
+    class Timed:  # a model and tool wrapper: the time spent inside the run's model calls / tool calls
+        def __init__(self, key, inner):
+            self.key, self.inner, self.name = key, inner, getattr(inner, "name", key)
+
+        def _timed(self, method, *a):
+            t = time.perf_counter()
+            try:
+                return method(*a)
+            finally:
+                acc[self.key] += time.perf_counter() - t
+
+        def query(self, *a):
+            return self._timed(self.inner.query, *a)
+
+        def call(self, *a):
+            return self._timed(self.inner.call, *a)
+
     def wrap(key):
-        def wrapper(call, ctx):
-            def timed(*a):
-                t = time.perf_counter()
-                try:
-                    return call(*a)
-                finally:
-                    acc[key] += time.perf_counter() - t
-            return timed
-        return wrapper
+        return lambda inner, ctx: Timed(key, inner)
+
     def mark(ctx, record):  # wall clock and model/tool totals at each step commit
         marks.append((time.perf_counter(), acc["model"], acc["tools"]))
 

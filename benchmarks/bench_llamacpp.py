@@ -36,7 +36,7 @@ from machine import cpu_model  # noqa: E402
 from openglm.engine.config import EngineConfig  # noqa: E402
 from openglm.engine.llm_engine import LLMEngine  # noqa: E402
 from openglm.engine.sampling_params import SamplingParams  # noqa: E402
-from openglm.model import GlmMoeDsaForCausalLM, ModelConfig  # noqa: E402
+from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, save_pretrained  # noqa: E402
 
 # GLM-5's attention widths on the small preset's layers/experts (what llama.cpp's GLM-DSA graph accepts).
 GLM5_HEADS = dict(q_lora_rank=128, kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256,
@@ -63,7 +63,7 @@ def make_checkpoint(preset: str, folder: Path) -> ModelConfig:
         for name, p in model.named_parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.05)
-    model.save_pretrained(folder)
+    save_pretrained(model, folder)
     write_tokenizer(folder)
     return cfg
 

@@ -39,9 +39,9 @@ sys.path.insert(0, str(ROOT))
 
 from openglm.swe.gen.generate import GenConfig, export_queries, generate  # noqa: E402
 from openglm.swe.gen.packages import by_name  # noqa: E402
-from openglm.swe.gitutil import git  # noqa: E402
 from openglm.swe.harness.instances import load_instances, load_predictions  # noqa: E402
 from openglm.swe.localize import LocalizeConfig, localize  # noqa: E402
+from openglm.util.git import git  # noqa: E402
 
 TECHNIQUES = ("combined", "sbfl", "traceback", "text")
 LEVELS = ("files", "functions", "lines")

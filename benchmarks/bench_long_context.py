@@ -194,7 +194,7 @@ def speed_case(mode: str, n: int, decode_steps: int, threads: int, dtype: str = 
     cache = DynamicCache()
     with torch.no_grad():
         t0 = time.perf_counter()
-        model(ids[:, :n], cache=cache, logits_to_keep=1)
+        model.logits(model.hidden_states(ids[:, :n], cache=cache, last=1))
         prefill_s = time.perf_counter() - t0
         peak = peak_mib()
         steps = []

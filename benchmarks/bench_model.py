@@ -35,7 +35,7 @@ import torch
 from machine import cpu_model, isa, matmul_peak, median_time, memory_bandwidth  # benchmarks/ is on sys.path
 from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig
 from openglm.model.moe import MLP, MoE
-from openglm.model.decode_step import DecodePlan
+from openglm.model.glm5.decode_step import DecodePlan
 from openglm.model.native import decode_paths, dsa_kernels
 from openglm.model.params import parameter_report
 
@@ -196,7 +196,7 @@ def decode_kernels_used(model, prompt) -> str:
     cache = DynamicCache()
     model(prompt, cache=cache)
     tok = prompt[:, -1:]
-    native = DecodePlan.create(model.model.layers, cache, tok, None, False, model.dtype) is not None
+    native = DecodePlan.create(model.model.layers, cache, tok, None, model.dtype) is not None
     path = f"decode_step: {'native, 3 C calls per layer' if native else 'torch ops'}"
     return f"{path} | {kernels_used(lambda: [model(tok, cache=cache) for _ in range(2)])}"
 

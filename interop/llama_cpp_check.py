@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
+from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, save_pretrained
 
 GLM_SPECIALS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
                 "<|assistant|>", "<|observation|>"]
@@ -83,7 +83,7 @@ def make_checkpoint(model_type: str, folder: Path, seed: int = 0) -> GlmMoeDsaFo
                 p.normal_(0, 0.08)
             elif not name.endswith("norm.weight"):
                 p.normal_(0, 0.05)
-    model.save_pretrained(folder)
+    save_pretrained(model, folder)
     write_tokenizer(folder)
     return model
 

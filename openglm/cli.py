@@ -16,8 +16,7 @@ from openglm import __version__
 COMMAND_MODULES = [
     "openglm.model.cli",  # info
     "openglm.train.cli",  # train, generate, demo
-    "openglm.server.cli",  # serve
-    "openglm.server.deploy_cli",  # deploy
+    "openglm.deploy.cli",  # serve, deploy
     "openglm.agent.cli",  # task, agent-server, worker
     "openglm.swe.cli",  # localize, verify, bisect, swe-eval, swe-gen
     "openglm.retrieval.cli",  # index
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 # Error types of the areas that mean "bad input or environment", looked up only if their module was
 # imported by the command that failed (so this module imports no area).
 USER_ERROR_TYPES = [("openglm.client", "GLMClientError"), ("openglm.agent.store.base", "StoreError"),
-                    ("openglm.agent.snapshot", "SnapshotError"), ("openglm.swe.gitutil", "GitError")]
+                    ("openglm.agent.snapshot", "SnapshotError"), ("openglm.util.git", "GitError")]
 
 
 def is_user_error(e: Exception) -> bool:

@@ -101,6 +101,11 @@ class GLMClient:
     def rollback(self, task_id: str, step: int) -> dict:
         return self._call("POST", f"/v1/tasks/{task_id}/rollback", json={"step": step})
 
+    def rollback_preview(self, task_id: str, step: int) -> dict:
+        """What rolling back to `step` would change: the snapshot against the workspace as it is now
+        (`name_status`, `stat`, `patch`, `files`), the `workspace` and whether the task uses it `in_place`."""
+        return self._call("GET", f"/v1/dash/tasks/{task_id}/diff", params={"step": step})
+
     def trajectory(self, task_id: str) -> dict:
         """Each model turn's prompt, reply, tool calls and results, verdicts (the dashboard's viewer data)."""
         return self._call("GET", f"/v1/dash/tasks/{task_id}/trajectory")

@@ -16,8 +16,15 @@ assistant turn ends at eos or the next speaker's role token: `stop_ids` holds eo
 
 Chat templates come from checkpoints, i.e. from strangers: they render in Jinja's immutable sandbox
 (no attribute access to Python internals, no mutation of the messages), compiled once per template.
-Text that comes from the conversation (message content, reasoning, tool results, argument strings)
-is tokenized as plain text even where it spells a control token, so a user cannot forge a turn.
+`apply_chat_template(tokenize=True)` gives the token ids of exactly the text `tokenize=False` renders,
+with control tokens (added tokens: role tokens, markers) only where the template writes them: text
+from the conversation (any message field, tool-call arguments, the tools) that spells a control token
+is tokenized as plain text, so a user cannot forge a turn. How: the conversation's control-token
+spellings are swapped for private-use placeholders of the same length and the template renders
+again; where that changes nothing but the placeholders, each placeholder is tokenized as the plain
+text it stands for. A spelling the template itself inspects (GLM templates split an assistant's
+`<think>r</think>answer` content into reasoning and answer, GLM-4.6 checks for a trailing `/nothink`)
+is left to the template, found by rendering again with fewer placeholders (a bounded number of renders).
 """
 
 from __future__ import annotations
@@ -41,11 +48,13 @@ MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "<
 N_BYTES = 256  # byte-level BPE always keeps the 256 single-byte tokens
 TEMPLATE_FILE = "chat_template.jinja"
 
-# openglm's own chat template: the GLM-5 format (our text). With tools, a first system turn lists them
-# as JSON and shows the call format; an assistant turn is `<think>reasoning</think>` (or a bare
-# `</think>` when its reasoning is cleared or thinking is off), the answer, then its tool calls; the
-# replies to one batch of calls share one `<|observation|>` turn. `clear_thinking` (default true)
-# keeps reasoning only for turns after the last user message, i.e. within the current tool loop.
+# openglm's own chat template: the GLM-5 format (our text; where it overlaps GLM-4.7's published template
+# it renders the same). With tools, a first system turn lists them as JSON and shows the call format; an
+# assistant turn is `<think>reasoning</think>` (or a bare `</think>` when its reasoning is cleared or
+# thinking is off), the answer, then its tool calls; reasoning written inside the content
+# (`<think>r</think>answer`) is moved out as GLM-4.7 does; the replies to one batch of calls share one
+# `<|observation|>` turn. `clear_thinking` (default true) keeps reasoning only for turns after the last
+# user message, i.e. within the current tool loop.
 CHAT_TEMPLATE = """\
 {%- macro text(content) -%}
 {%- if content is string -%}{{ content }}
@@ -57,7 +66,8 @@ CHAT_TEMPLATE = """\
 {%- set keep_reasoning = clear_thinking is defined and not clear_thinking -%}
 [gMASK]<sop>
 {%- if tools -%}
-<|system|># Tools
+<|system|>
+# Tools
 
 You may call one or more functions to assist with the user query.
 
@@ -78,11 +88,17 @@ For each function call, output the function name and arguments within the follow
 {%- if m.role == 'system' or m.role == 'developer' -%}<|system|>{{ text(m.content) }}
 {%- elif m.role == 'user' -%}<|user|>{{ text(m.content) }}
 {%- elif m.role == 'assistant' -%}<|assistant|>
-{%- if m.reasoning_content and (keep_reasoning or loop.index0 > users.i) -%}
-<think>{{ m.reasoning_content }}</think>
+{%- set content = text(m.content) -%}
+{%- set reasoning = m.reasoning_content if m.reasoning_content is string else '' -%}
+{%- if m.reasoning_content is not string and '</think>' in content -%}
+{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') -%}
+{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}
+{%- endif -%}
+{%- if reasoning.strip() and (keep_reasoning or loop.index0 > users.i) -%}
+<think>{{ reasoning.strip() }}</think>
 {%- else -%}</think>
 {%- endif -%}
-{{ text(m.content) }}
+{{ content.strip() }}
 {%- for call in m.tool_calls or [] -%}
 {%- set f = call.function if call.function is defined else call -%}
 <tool_call>{{ f.name }}
@@ -100,10 +116,8 @@ For each function call, output the function name and arguments within the follow
 {%- if add_generation_prompt -%}<|assistant|>{{ '<think>' if thinking else '</think>' }}{%- endif -%}
 """
 
-# Conversation text is wrapped in these private-use characters before rendering; the rendered prompt
-# is split at them and the wrapped spans are tokenized with control tokens disabled.
-_OPEN, _CLOSE = "\ue000", "\ue001"
-_SPAN = re.compile(f"{_OPEN}(.*?){_CLOSE}", re.S)
+MAX_TEMPLATE_PROBES = 64  # extra renders spent finding the control-token spellings a template inspects
+PLACEHOLDER_POOL = range(0x100000, 0x10FFFE)  # Supplementary Private Use Area-B: one character per control token
 
 
 class TokenizerError(ValueError):
@@ -275,18 +289,51 @@ class Tokenizer:
         """Render `messages` (OpenAI chat messages, whole) and `tools` with the chat template.
 
         `template_kwargs` reach the template (GLM's `enable_thinking`, `clear_thinking`). With
-        `tokenize=True` returns token ids in which conversation text never becomes a control token.
+        `tokenize=True` returns the token ids of that text in which conversation text never becomes a
+        control token (see the module docstring).
         """
-        wrapped = _render(self.chat_template, _template_messages(messages, mark=tokenize), tools,
-                          add_generation_prompt, self._specials(), template_kwargs)
+        msgs = _template_messages(messages)
+
+        def render(swap=None) -> str:
+            m, t = (msgs, tools) if swap is None else (_rebuild(msgs, swap), _rebuild(tools, swap))
+            return _render(self.chat_template, m, t, add_generation_prompt, self._specials(), template_kwargs)
+
+        text = render()
         if not tokenize:
-            return wrapped
+            return text
+        return self._template_tokens(text, render, msgs, tools)
+
+    def _template_tokens(self, text: str, render, msgs, tools) -> list[int]:
+        found = _control_spellings(self._controls, (msgs, tools))
+        if not found:
+            return self.encode(text)
+        used = {ch for s in _strings((msgs, tools)) for ch in s}
+        marks = dict(zip(sorted({c for _, _, c in found}), (chr(c) for c in PLACEHOLDER_POOL if chr(c) not in used)))
+
+        def render_with(chosen: set) -> str:
+            counter = iter(range(1 << 62))
+            return render(lambda s: _swap(s, next(counter), chosen, self._controls, marks))
+
+        def unchanged(chosen: set) -> bool:
+            return _restore(render_with(chosen), marks) == text
+
+        everything = {(i, j) for i, j, _ in found}
+        chosen = everything if unchanged(everything) else _inert(found, unchanged)
         ids: list[int] = []
-        pos = 0
-        for m in _SPAN.finditer(wrapped):
-            ids += self.encode(_unmark(wrapped[pos:m.start()])) + self.encode_plain(m.group(1))
+        pattern = re.compile("|".join(f"(?:{re.escape(m)}){{{len(c)}}}" for c, m in marks.items()))
+        final, pos = render_with(chosen), 0
+        for m in pattern.finditer(final):
+            control = next(c for c, mark in marks.items() if m.group(0) == mark * len(c))
+            ids += self.encode(final[pos:m.start()]) + self.encode_plain(control)
             pos = m.end()
-        return ids + self.encode(_unmark(wrapped[pos:]))
+        return ids + self.encode(final[pos:])
+
+    @functools.cached_property
+    def _controls(self) -> re.Pattern:
+        """Every added token's text (role tokens, markers), longest first."""
+        texts = sorted({t.content for t in self.hf.get_added_tokens_decoder().values() if t.content}, key=len,
+                       reverse=True)
+        return re.compile("|".join(map(re.escape, texts))) if texts else re.compile(r"(?!x)x")
 
     def _specials(self) -> dict:
         return {k: _token_text(self.config.get(k)) for k in ("bos_token", "eos_token", "pad_token")}
@@ -313,23 +360,21 @@ class Tokenizer:
 
 
 # ---- chat template rendering -------------------------------------------------------------------------
-def _template_messages(messages: list[dict], mark: bool) -> list[dict]:
+def _template_messages(messages: list[dict]) -> list[dict]:
     """Messages as chat templates expect them: tool-call arguments as a mapping (GLM templates iterate
-    `arguments.items()`), and (when tokenizing) conversation text wrapped for plain encoding."""
+    `arguments.items()`)."""
     out = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise TokenizerError(f"messages[{i}] must be an object with a string 'role'")
         m = dict(msg)
-        for key in ("content", "reasoning_content"):
-            m[key] = _mark_content(m.get(key), mark)
         if m.get("tool_calls"):
-            m["tool_calls"] = [_template_call(c, i, j, mark) for j, c in enumerate(m["tool_calls"])]
+            m["tool_calls"] = [_template_call(c, i, j) for j, c in enumerate(m["tool_calls"])]
         out.append(m)
     return out
 
 
-def _template_call(call: dict, i: int, j: int, mark: bool) -> dict:
+def _template_call(call: dict, i: int, j: int) -> dict:
     fn = call.get("function", call) if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise TokenizerError(f"messages[{i}].tool_calls[{j}] needs a function with a string name")
@@ -341,28 +386,75 @@ def _template_call(call: dict, i: int, j: int, mark: bool) -> dict:
             raise TokenizerError(f"messages[{i}].tool_calls[{j}].function.arguments is not valid JSON: {exc}") from None
     if not isinstance(args, dict):
         raise TokenizerError(f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON object")
-    args = {k: _mark(v) if mark and isinstance(v, str) else v for k, v in args.items()}
     fn = {**fn, "arguments": args}
     return {**call, "function": fn} if "function" in call else fn
 
 
-def _mark_content(content, mark: bool):
-    if not mark:
-        return content
-    if isinstance(content, str):
-        return _mark(content)
-    if isinstance(content, list):
-        return [{**p, "text": _mark(p["text"])} if isinstance(p, dict) and isinstance(p.get("text"), str) else p
-                for p in content]
-    return content
+# ---- conversation text that spells a control token ----------------------------------------------------
+def _strings(obj) -> Iterator[str]:
+    """Every string in a JSON-like value (dict keys included), in a fixed order."""
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _strings(v)
 
 
-def _mark(text: str) -> str:
-    return _OPEN + _unmark(text) + _CLOSE
+def _rebuild(obj, fn):
+    """A copy of a JSON-like value with every string s (dict keys included, same order as `_strings`)
+    replaced by fn(s)."""
+    if isinstance(obj, str):
+        return fn(obj)
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            key = _rebuild(k, fn)
+            out[key] = _rebuild(v, fn)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_rebuild(v, fn) for v in obj]
+    return obj
 
 
-def _unmark(text: str) -> str:
-    return text.replace(_OPEN, "").replace(_CLOSE, "")
+def _control_spellings(controls: re.Pattern, obj) -> list[tuple[int, int, str]]:
+    """(string number, occurrence number, control text) of each control-token spelling in `obj`."""
+    return [(i, j, m.group(0)) for i, s in enumerate(_strings(obj)) for j, m in enumerate(controls.finditer(s))]
+
+
+def _swap(s: str, i: int, chosen: set, controls: re.Pattern, marks: dict) -> str:
+    """String number `i` with its chosen control spellings replaced by same-length placeholders."""
+    count = iter(range(1 << 62))
+    return controls.sub(lambda m: marks[m.group(0)] * len(m.group(0)) if (i, next(count)) in chosen
+                        else m.group(0), s)
+
+
+def _restore(text: str, marks: dict) -> str:
+    for control, mark in marks.items():
+        text = text.replace(mark * len(control), control)
+    return text
+
+
+def _inert(found: list, unchanged) -> set:
+    """The control spellings the template does not inspect: placeholders for them render the same text.
+    Grows the set a string at a time, halving a group that changes the rendering; spellings left when
+    the probe budget runs out get placeholders too (text, never a control token)."""
+    by_string: dict[int, list] = {}
+    for i, j, _ in found:
+        by_string.setdefault(i, []).append((i, j))
+    chosen: set = set()
+    queue, probes = list(by_string.values()), 0
+    while queue and probes < MAX_TEMPLATE_PROBES:
+        group = queue.pop(0)
+        probes += 1
+        if unchanged(chosen | set(group)):
+            chosen |= set(group)
+        elif len(group) > 1:
+            queue[:0] = [group[: len(group) // 2], group[len(group) // 2:]]
+    return chosen | {o for group in queue for o in group}
 
 
 def _render(template: str, messages, tools, add_generation_prompt, specials, kwargs) -> str:

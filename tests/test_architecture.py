@@ -18,19 +18,35 @@ PACKAGE = ROOT / "openglm"
 # top-level entry point, openglm/cli.py) may import anything.
 ALLOWED: dict[str, set[str]] = {
     "util": set(),
-    "model": {"util"},
+    "kernels": set(),  # the Triton GPU kernels: tensors in, tensors out (the model imports them only for CUDA)
+    "model": {"kernels", "util"},
     "tokenizer": {"util"},
     "client": {"util"},
     "retrieval": {"tokenizer", "util"},
     "train": {"model", "tokenizer", "util"},
     "engine": {"model", "tokenizer", "util"},
-    "server": {"engine", "model", "tokenizer", "util"},
+    "server": {"engine", "tokenizer", "util"},  # the HTTP app around a built engine
+    "deploy": {"server", "engine", "model", "tokenizer", "util"},  # builds the engine, starts the server
     "agent": {"retrieval", "client", "util"},
     "swe": {"agent", "retrieval", "client", "model", "tokenizer", "util"},
     "__init__": {"util"},  # openglm/__init__.py: lazy exports name their modules as strings
     "__main__": {"cli"},
 }
 ANYTHING = {"cli"}
+
+# Inside `model`: the shared modules (openglm/model/*.py: the decoder, config, MoE, norms, RoPE, cache, checkpoint IO,
+# native kernels, fast paths) and one folder per model family. A family imports shared modules and the families
+# listed for it here; a shared module imports no family, except the registry that lists them all.
+MODEL_FAMILIES: dict[str, set[str]] = {
+    "glm5": set(),  # GLM-5: MLA + DSA
+    "glm4": set(),  # GLM-4.x: GQA
+    "glm4_lite": {"glm5"},  # GLM-4.7-Flash: GLM-5's MLA without the indexer
+    "glm5_next": {"glm5"},  # GLM-5.3-Flash: GLM-5's MLA (NoPE) and DSA code with a pooled indexer, KDA layers
+}
+FAMILY_REGISTRY = "openglm.model.families"
+# Shared modules that may still reach into a family: the CUDA dispatch hands DSA cases its kernels do not take back
+# to GLM-5's PyTorch gather (a deferred import).
+FAMILY_USERS = {FAMILY_REGISTRY, "openglm.model.gpu"}
 
 
 def package_of(module: str) -> str | None:
@@ -124,6 +140,13 @@ def test_the_allowed_graph_has_no_cycle():
         visit(p, [])
 
 
+def test_deployment_sits_on_top():
+    """How a server is started (checkpoint loading, sharding, torchrun, the vLLM/SGLang hand-off) is deploy's:
+    the packages it starts import none of it; only the entry point (cli.py) does."""
+    assert not [p for p, deps in ALLOWED.items() if "deploy" in deps]
+    assert {"server", "engine"} <= ALLOWED["deploy"]
+
+
 def test_every_package_import_points_the_allowed_way():
     arrows, _ = scan()
     assert arrows, "the scan found no imports between packages: it is broken"
@@ -140,6 +163,43 @@ def test_function_level_imports_say_why():
                         "deferred: an optional or heavy dependency):\n" + "\n".join(silent))
 
 
+def family_of(module: str) -> str | None:
+    """'openglm.model.glm5.mla' -> 'glm5'; a shared module ('openglm.model.fast') or another package -> None."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "model" and parts[2] in model_folders() else None
+
+
+def model_folders() -> set[str]:
+    return {p.name for p in (PACKAGE / "model").iterdir() if (p / "__init__.py").is_file()}
+
+
+def test_every_model_family_folder_is_listed():
+    assert model_folders() == set(MODEL_FAMILIES), (
+        "openglm/model's family folders and MODEL_FAMILIES (tests/test_architecture.py) differ: list a new family "
+        f"with the families it may import: folders {sorted(model_folders())}, listed {sorted(MODEL_FAMILIES)}")
+
+
+def test_model_families_import_shared_modules_and_their_listed_families_only():
+    wrong, seen = [], 0
+    for path in sorted((PACKAGE / "model").rglob("*.py")):
+        module, is_package = module_of(path)
+        src = family_of(module)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target in imported_modules(node, module, is_package):
+                names = [target] + ([] if isinstance(node, ast.Import) else [f"{target}.{a.name}" for a in node.names])
+                dst = next((f for f in map(family_of, names) if f is not None), None)
+                if dst is None or dst == src:
+                    continue
+                seen += 1
+                allowed = module in FAMILY_USERS if src is None else dst in MODEL_FAMILIES.get(src, set())
+                if not allowed:
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {src or 'shared ' + module} imports {dst}")
+    assert seen, "the scan found no imports of a model family: it is broken"
+    assert not wrong, "imports against the model's family graph (MODEL_FAMILIES):\n" + "\n".join(wrong)
+
+
 def test_the_scan_sees_function_level_and_relative_imports(tmp_path):
     tree = ast.parse("from .guard import Guard\n\ndef f():\n    from openglm.model import sampling  # heavy\n")
     inner = function_level(tree)
@@ -149,3 +209,62 @@ def test_the_scan_sees_function_level_and_relative_imports(tmp_path):
     assert package_of(imported_modules(nodes[1], "openglm.agent.x", False)[0]) == "model"
     root = ast.parse("from openglm import retrieval").body[0]
     assert imported_modules(root, "openglm.swe.localize", True) == ["openglm.retrieval"]
+
+
+# ---- plumbing written once: commands, kills and git go through openglm.util ----------------------------
+
+# Where a process may be started or a process group killed: util/proc.py, and the agent's confinement
+# launcher, which runs as a bare script (`python -I -S`) and so cannot import openglm.
+PROCESS_MODULES = {"openglm/util/proc.py", "openglm/agent/confine.py"}
+COMPUTE_PACKAGES = {"model", "train"}  # build their kernels with a compiler; they run no user command
+STARTS = {("subprocess", name) for name in ("run", "Popen", "call", "check_call", "check_output")} | \
+    {("os", name) for name in ("system", "popen", "killpg", "posix_spawn", "posix_spawnp")}
+
+
+def plumbing_calls():
+    """('path:line', what) for each process start / group kill and each `["git", ...]` argv in openglm."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if package_of(module_of(path)[0]) in COMPUTE_PACKAGES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    isinstance(node.func.value, ast.Name) and (node.func.value.id, node.func.attr) in STARTS:
+                found.append((rel, node.lineno, f"{node.func.value.id}.{node.func.attr}"))
+            elif isinstance(node, ast.List) and node.elts and isinstance(node.elts[0], ast.Constant) and \
+                    node.elts[0].value == "git":
+                found.append((rel, node.lineno, "git argv"))
+    return found
+
+
+def test_commands_kills_and_git_run_through_util():
+    found = plumbing_calls()
+    assert any(rel == "openglm/util/proc.py" for rel, _, _ in found), "the scan found no process start: it is broken"
+    wrong = [f"{rel}:{line}: {what}" for rel, line, what in found
+             if rel not in PROCESS_MODULES and not (what == "git argv" and rel == "openglm/util/git.py")]
+    assert not wrong, ("start commands with openglm.util.proc (its timeout kills the whole group) and git with "
+                       "openglm.util.git:\n" + "\n".join(wrong))
+
+
+# The agent runtime (the step loop and what it reads) knows nothing of the layers built on it: the
+# resilience layer plugs in through the hooks, the dashboard and the HTTP API sit on top.
+AGENT_LAYERS = ("openglm.agent.resilience", "openglm.agent.dashboard", "openglm.agent.api", "openglm.agent.server",
+                "openglm.agent.cli")
+AGENT_RUNTIME = ["loop.py", "state.py", "hooks.py", "policy.py", "task.py", "worker.py", "process.py", "snapshot.py",
+                 "watch.py", "faults.py", "confine.py", "config.py", "service.py", "trust.py", "store", "tools", "llm"]
+
+
+def test_the_agent_runtime_does_not_import_the_layers_on_it():
+    agent = PACKAGE / "agent"
+    paths = [p for name in AGENT_RUNTIME for p in ([agent / name] if name.endswith(".py") else
+                                                    sorted((agent / name).rglob("*.py")))]
+    wrong = []
+    for path in paths:
+        module, is_package = module_of(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in imported_modules(node, module, is_package):
+                    if target.startswith(AGENT_LAYERS):
+                        wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: imports {target}")
+    assert len(paths) > 20 and not wrong, "\n".join(wrong)

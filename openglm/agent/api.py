@@ -7,9 +7,7 @@ bind a non-loopback address without one.
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import secrets
 import time
 
 from fastapi import Body, FastAPI, Request, Response
@@ -20,8 +18,9 @@ from openglm.agent import dashboard, service
 from openglm.agent.config import AgentConfig
 from openglm.agent.hooks import Hooks, load_hooks
 from openglm.agent.store import StateConflict, StoreUnavailable, TaskNotFound, open_store
-from openglm.agent.task import ConstraintError, TaskState
+from openglm.agent.task import TERMINAL, ConstraintError, TaskState
 from openglm.agent.trust import check_model_spec, redact
+from openglm.util.auth import Access, access, allows, is_loopback
 
 
 class SubmitRequest(BaseModel):
@@ -32,19 +31,35 @@ class SubmitRequest(BaseModel):
     model: dict | None = None
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_bind(host: str, token: str | None) -> None:
     if not is_loopback(host) and not token:
         raise ValueError(f"refusing to serve the task API on non-loopback address {host!r} without a bearer token "
                          "(set --token or OPENGLM_AGENT_TOKEN)")
+
+
+class BearerAuth:
+    """Every /v1 route needs the token (GET routes: the token or the read-only view token) when one is
+    set; `request.state.control` says whether the caller may use the controls. A plain ASGI middleware:
+    it answers before routing or body parsing, and leaves `receive` alone (the event streams see a
+    client leave)."""
+
+    def __init__(self, app, token: str | None, view_token: str | None):
+        self.app, self.token, self.view_token = app, token, view_token
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            level = access(header, self.token, self.view_token)
+            refusal = None
+            if level is Access.DENIED:
+                refusal = JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401,
+                                       headers={"WWW-Authenticate": "Bearer"})
+            elif not allows(level, scope["method"]):
+                refusal = JSONResponse({"detail": "this key is read-only"}, status_code=403)
+            if refusal is not None:
+                return await refusal(scope, receive, send)
+            scope.setdefault("state", {})["control"] = level is Access.CONTROL
+        await self.app(scope, receive, send)
 
 
 def create_app(config: AgentConfig, store=None, token: str | None = None, hooks: Hooks | None = None,
@@ -55,23 +70,8 @@ def create_app(config: AgentConfig, store=None, token: str | None = None, hooks:
     store = store or open_store(config.store_url)
     hooks = hooks if hooks is not None else load_hooks(config.hooks, config)
     app = FastAPI(title="openglm agent", version="1")
+    app.add_middleware(BearerAuth, token=token, view_token=view_token)
     app.state.store = store
-
-    @app.middleware("http")
-    async def bearer(request: Request, call_next):
-        request.state.control = True
-        if (token or view_token) and request.url.path.startswith("/v1"):
-            given = request.headers.get("authorization", "").encode()
-            if token and secrets.compare_digest(given, f"Bearer {token}".encode()):
-                pass
-            elif view_token and secrets.compare_digest(given, f"Bearer {view_token}".encode()):
-                request.state.control = False
-                if request.method not in ("GET", "HEAD"):
-                    return JSONResponse({"detail": "this key is read-only"}, status_code=403)
-            else:
-                return JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401,
-                                    headers={"WWW-Authenticate": "Bearer"})
-        return await call_next(request)
 
     @app.exception_handler(ConstraintError)
     async def bad_field(request, exc: ConstraintError):
@@ -175,7 +175,7 @@ def _sse(store, task_id: str, after: int, poll: float = 0.2, idle_timeout: float
             last_event = time.monotonic()
             continue
         state = store.get_task(task_id).state
-        if TaskState(state) in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED, TaskState.TIMED_OUT):
+        if TaskState(state) in TERMINAL:
             yield f"event: end\ndata: {json.dumps({'state': state})}\n\n"
             return
         if time.monotonic() - last_event > idle_timeout:

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from openglm.util.ports import AGENT_PORT as DEFAULT_PORT, AGENT_URL as DEFAULT_URL
@@ -75,6 +76,13 @@ def _print(obj):
     print(json.dumps(obj, indent=2, ensure_ascii=False))
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
 def _reporting_api_errors(func):
     """Run a `task` action; an error answer from the task API is one line on stderr and exit 2."""
 
@@ -120,22 +128,111 @@ def cmd_status(args):
     _print(_client(args).get_task_status(args.task_id))
 
 
+EVENTS_PAGE = 1000  # the most events the task API returns in one answer
+
+
 def cmd_events(args):
+    """Print the events as JSON lines: a page of `--limit` (with a hint on stderr when more follow), all of
+    them with `--all`, or a live stream with `--follow`."""
     client = _client(args)
-    events = client.stream_events(args.task_id, args.after) if args.follow else client.get_events(
-        args.task_id, args.after, args.limit)
-    for e in events:
-        print(json.dumps(e, ensure_ascii=False), flush=True)
+    if args.follow:
+        for e in client.stream_events(args.task_id, args.after):
+            print(json.dumps(e, ensure_ascii=False), flush=True)
+        return
+    after, left = args.after, None if args.all else args.limit
+    while left is None or left > 0:
+        want = EVENTS_PAGE if left is None else min(left, EVENTS_PAGE)
+        page = client.get_events(args.task_id, after, want)
+        for e in page:
+            print(json.dumps(e, ensure_ascii=False), flush=True)
+        after = page[-1]["seq"] if page else after
+        left = None if left is None else left - len(page)
+        if len(page) < want:
+            return
+    if client.get_events(args.task_id, after, 1):  # the page is full: say so when more follow
+        print(f"-- more events after seq {after}: openglm task events {args.task_id} --after {after} "
+              "(or --all for every event)", file=sys.stderr)
 
 
 def cmd_action(args):
     client = _client(args)
     if args.action == "answer":
         _print(client.answer(args.task_id, args.text))
-    elif args.action == "rollback":
-        _print(client.rollback(args.task_id, args.step))
     else:
         _print(getattr(client, args.action)(args.task_id))
+
+
+def cmd_snapshots(args):
+    """The task's snapshots, one line each: step, id, whether the step changed files, when; which one the
+    workspace is at, and which a rollback discarded (they cannot be rolled back to)."""
+    client = _client(args)
+    snaps = client.snapshots(args.task_id)
+    if args.json:
+        _print(snaps)
+        return
+    current = client.get_task_status(args.task_id)["snapshot"]
+    print(f"{'step':>5}  {'snapshot':<12}  {'files':<9}  time (local)")
+    for s in snaps:
+        note = "  <- the workspace (last committed)" if s["snapshot"] == current and s.get("kept", True) else ""
+        note += "" if s.get("kept", True) else "  (discarded by a rollback)"
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["ts"]))
+        changed = "changed" if s["changed"] else "unchanged"
+        print(f"{s['step']:>5}  {s['snapshot'][:12]:<12}  {changed:<9}  {when}{note}")
+    if snaps:
+        print(f"roll back with: openglm task rollback {args.task_id} STEP", file=sys.stderr)
+
+
+ROLLBACK_VERBS = {"A": "delete", "M": "overwrite", "T": "overwrite", "D": "restore"}
+
+
+def rollback_plan(preview: dict) -> list[tuple[str, str]]:
+    """[(verb, path)] of what rolling back does to the workspace, from the snapshot -> workspace name-status
+    (a file the snapshot lacks is deleted, a changed one overwritten, a missing one restored)."""
+    plan = []
+    for line in preview.get("name_status", []):
+        status, _, path = line.partition("\t")
+        if path:
+            plan.append((ROLLBACK_VERBS.get(status[:1], "change"), path))
+    return plan
+
+
+def cmd_rollback(args):
+    """Show what the rollback changes; in a folder the task uses in place (the user's own files), ask first
+    (or --yes), since files created after the snapshot are deleted."""
+    from openglm.client import GLMClientError  # (as above)
+
+    client = _client(args)
+    try:
+        preview = client.rollback_preview(args.task_id, args.step)
+    except GLMClientError as e:
+        if e.status_code in (404, 422):
+            raise
+        preview = {"error": e.detail}
+    plan = rollback_plan(preview)
+    in_place = preview.get("in_place", True)
+    where = preview.get("workspace", "the workspace")
+    if "error" in preview:
+        print(f"cannot tell what rolling back changes ({preview['error']})", file=sys.stderr)
+    elif not plan:
+        print(f"{where} already equals the snapshot of step {args.step}", file=sys.stderr)
+    else:
+        kind = "your folder, used in place" if in_place else "the task's own workspace"
+        print(f"rolling back {args.task_id} to step {args.step} changes {where} ({kind}):", file=sys.stderr)
+        for verb, path in plan[:ROLLBACK_LISTED]:
+            print(f"  {verb:<9} {path}" + ("  (not in that snapshot)" if verb == "delete" else ""), file=sys.stderr)
+        if len(plan) > ROLLBACK_LISTED:
+            print(f"  ... and {len(plan) - ROLLBACK_LISTED} more", file=sys.stderr)
+    if in_place and (plan or "error" in preview) and not args.yes:
+        if not sys.stdin.isatty():
+            print("error: not rolled back: confirm with --yes (files listed above would be lost)", file=sys.stderr)
+            return 2
+        if input("roll back? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("not rolled back", file=sys.stderr)
+            return 1
+    _print(client.rollback(args.task_id, args.step))
+
+
+ROLLBACK_LISTED = 50  # paths listed before "... and N more"
 
 
 def cmd_export_html(args):
@@ -201,10 +298,20 @@ def cmd_agent_server(args):
     if args.replay and not os.path.isfile(args.replay):  # say so now, not in every task's failure later
         raise SystemExit(f"--replay {args.replay}: no such file (a JSONL of scripted assistant turns, "
                          "e.g. examples/turns.jsonl)")
+    config = _load_config(args)
+    token = args.token or os.environ.get("OPENGLM_AGENT_TOKEN") or None
+    view_token = args.view_token or os.environ.get("OPENGLM_AGENT_VIEW_TOKEN") or None
+
+    def announce(port: int) -> None:
+        from openglm.agent.banner import banner  # (as above)
+
+        print(banner(config, args.host, port, args.workers, token, view_token, args.log_level), file=sys.stderr,
+              flush=True)
+
     try:
-        serve(_load_config(args), host=args.host, port=args.port, workers=args.workers, token=args.token,
-              view_token=args.view_token)
-    except ValueError as e:  # refused configuration (non-loopback without a token, ...): one line
+        serve(config, host=args.host, port=args.port, workers=args.workers, token=token, view_token=view_token,
+              log_level=args.log_level, on_listening=announce)
+    except ValueError as e:  # refused configuration (non-loopback without a token, a port in use, ...): one line
         raise SystemExit(f"error: {e}") from None
 
 
@@ -241,19 +348,27 @@ def register(subparsers):
                    help="a command that must exit 0 in the workspace at the end, e.g. 'pytest -q' (repeatable)")
     add("list", "list tasks", cmd_list)
     add("status", "state, phase, progress, recent events", cmd_status).add_argument("task_id", help=TASK_ID)
-    p = add("events", "the task's event log", cmd_events)
+    p = add("events", "the task's event log (JSON lines)", cmd_events)
     p.add_argument("task_id", help=TASK_ID)
     p.add_argument("--after", type=int, default=0, help="only events with a larger sequence number (default 0)")
-    p.add_argument("--limit", type=int, default=100, help="at most this many events (default %(default)s)")
+    p.add_argument("--limit", type=_positive, default=100,
+                   help="at most this many events; when more follow, stderr says how to get them (default %(default)s)")
+    p.add_argument("--all", action="store_true", help="every event (paged from the server), not only --limit")
     p.add_argument("--follow", "-f", action="store_true", help="stream new events (SSE) until the task ends")
+    p = add("snapshots", "the task's workspace snapshots (the steps `rollback` can go back to)", cmd_snapshots)
+    p.add_argument("task_id", help=TASK_ID)
+    p.add_argument("--json", action="store_true", help="the API's list as JSON instead of a table")
     for name in ("pause", "resume", "cancel"):
         add(name, f"{name} a task", cmd_action).add_argument("task_id", help=TASK_ID)
     p = add("answer", "answer a task waiting in NEEDS_INPUT", cmd_action)
     p.add_argument("task_id", help=TASK_ID)
     p.add_argument("text", help="the answer to the task's question")
-    p = add("rollback", "restore the workspace to an earlier step's snapshot", cmd_action)
+    p = add("rollback", "restore the workspace to an earlier step's snapshot (lists what it changes first)",
+            cmd_rollback)
     p.add_argument("task_id", help=TASK_ID)
-    p.add_argument("step", type=int, help="a committed step (see `openglm task events`)")
+    p.add_argument("step", type=int, help="a committed step (see `openglm task snapshots`)")
+    p.add_argument("--yes", "-y", action="store_true",
+                   help="do not ask before changing a folder the task uses in place (--workspace)")
 
     for name, func, arg, help in (("backup", cmd_backup, "dest", "copy the SQLite store to DEST (online: workers may run)"),
                                   ("restore", cmd_restore, "src", "replace the SQLite store with the backup SRC "
@@ -270,12 +385,16 @@ def register(subparsers):
     _config_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s; "
                                                         "off loopback a --token is required)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0: a free one, "
+                                                                 "named in the start-up banner)")
     p.add_argument("--workers", type=int, default=1, help="embedded workers; 0 = API only (default %(default)s)")
     p.add_argument("--token", default=None, help="bearer token (or OPENGLM_AGENT_TOKEN); required off loopback")
     p.add_argument("--view-token", default=None,
                    help="read-only bearer token (or OPENGLM_AGENT_VIEW_TOKEN): GET routes and the dashboard "
                         "without its controls (default: none)")
+    # what the server tells its operator
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="info: an access log line per request (default); warning: only problems")
     p.set_defaults(func=_reporting_store_errors(cmd_agent_server))
 
     p = subparsers.add_parser("worker", help="an extra worker for a shared store (e.g. redis://...)")

@@ -1,9 +1,10 @@
 """Extension points for the layers built on the runtime (resilience, policies).
 
-- `model_wrappers` / `tool_wrappers`: functions `wrap(call, ctx) -> call` composed around every model
-  call `call(messages, tools) -> ModelResponse` and tool call `call(name, args) -> ToolResult`
-  (retry, fallback, rate limits, fault injection). Wrappers run *before* the write-ahead record,
-  so a retried call is still recorded once.
+- `model_wrappers`: `wrap(model, ctx) -> Model`, an object around the run's model (a `Model`:
+  `query(messages, tools) -> ModelResponse`), e.g. the resilience layer's `ResilientModel` (retries);
+  `tool_wrappers`: `wrap(env, ctx) -> Environment` around the run's tools (`call(name, args) ->
+  ToolResult`). The first listed is innermost. Wrappers run *before* the write-ahead record, so a
+  retried call is still recorded once.
 - `step_callbacks`: `cb(ctx, record)` after each committed step (`record` = StepRecord).
 - `monitors`: `factory(ctx) -> object with .stop()`, started when a run starts and stopped when it
   ends (e.g. a resource sampler thread writing into `ctx.readings`, which the heartbeat stores).
@@ -11,7 +12,8 @@
 - `routes`: `add(app, store)` adds routes to the task API (FastAPI), e.g. raising a task's budget.
 - `metrics`: `render() -> bytes` in the Prometheus text format; `GET /metrics` serves them all.
 From any of these, `ctx.request_pause(reason)` pauses after the current step, `ctx.rollback(step)`
-restores an earlier snapshot, and `ctx.log(kind, data)` appends an event.
+restores an earlier snapshot, and `ctx.log(kind, data)` appends an event (and applies it to the run's
+state: a `guidance` event is a message to the model).
 """
 
 from __future__ import annotations
@@ -93,12 +95,13 @@ class RunContext:
 
     @property
     def model(self):
-        """The run's model (a FallbackModel exposes `.primary` and `.fallback`)."""
-        return self._run.model
+        """The run's model as configured, outside the wrappers (a FallbackModel exposes `.primary` and
+        `.fallback`)."""
+        return self._run.configured_model
 
     @property
     def toolbox(self):
-        """The run's own tools: same workspace, limits and timeouts."""
+        """The run's own tools, outside the wrappers: same workspace, limits and timeouts."""
         return self._run.toolbox
 
     def request_input(self, question: str) -> None:

@@ -9,6 +9,10 @@ Step n:
 A SIGKILL anywhere loses at most the uncommitted step: on resume the workspace is restored to
 the last committed snapshot, the state is rebuilt from the log and step n is redone from its
 recorded response, so no model call is paid twice and no half-applied action survives.
+
+Every event the run logs is applied to its state by `AgentState.apply`, as a resume would replay it.
+The run asks `self.model` (a Model: the configured one inside the hook layers' model wrappers) and
+acts in `self.tools` (an Environment: `RunTools` inside the tool wrappers).
 """
 
 from __future__ import annotations
@@ -17,36 +21,61 @@ import time
 
 from openglm.agent.faults import crashpoint
 from openglm.agent.hooks import Hooks, RunContext, StepRecord
-from openglm.agent.llm.base import ContextOverflowError, ModelResponse
+from openglm.agent.llm.base import ContextOverflowError, Model, ModelResponse
 from openglm.agent.process import live_output_file, running_pidfile
 from openglm.agent.state import rebuild
-from openglm.agent.task import TaskState
-from openglm.agent.tools import ToolResult
+from openglm.agent.task import TERMINAL, TaskState
+from openglm.agent.tools import Environment, ToolBox, ToolResult
 from openglm.agent.tools.files import PathEscape, confine
 
 
+class RunTools:
+    """The toolbox as one run uses it: a command gets at most the time the task has left, its process
+    group and live output are recorded in the task's folder, and a cancel or a lost lease stops it."""
+
+    def __init__(self, toolbox: ToolBox, ctx: RunContext, task_dir):
+        self.toolbox, self.ctx = toolbox, ctx
+        self.pidfile, self.output_file = running_pidfile(task_dir), live_output_file(task_dir)
+
+    def call(self, name: str, args: dict) -> ToolResult:
+        return self.toolbox.call(name, args, timeout=self.ctx.remaining_s, pidfile=self.pidfile,
+                                 output_file=self.output_file, should_stop=self._should_stop)
+
+    def _should_stop(self) -> bool:
+        return self.ctx.control == "cancel" or self.ctx.lease_lost
+
+
 class TaskRun:
-    def __init__(self, store, task, worker, model, toolbox, snapshots, policy, hooks: Hooks | None = None):
+    def __init__(self, store, task, worker, model: Model, toolbox: ToolBox, snapshots, policy,
+                 hooks: Hooks | None = None):
         self.store, self.task, self.worker = store, task, worker
-        self.model, self.toolbox, self.snapshots, self.policy = model, toolbox, snapshots, policy
+        self.configured_model, self.toolbox, self.snapshots, self.policy = model, toolbox, snapshots, policy
         self.hooks = hooks or Hooks()
         self.constraints = task.parsed_constraints
         self.state = None
         self.ctx = RunContext(self)
-        self._model_call = self._wrap(self.hooks.model_wrappers, lambda m, t: self.model.query(m, t))
-        self._tool_call = self._wrap(self.hooks.tool_wrappers, self._run_tool)
-
-    def _wrap(self, wrappers, call):
-        for wrap in wrappers:
-            call = wrap(call, self.ctx)
-        return call
+        self.model: Model = model
+        for wrap in self.hooks.model_wrappers:  # each wraps the one before: the last is the outermost
+            self.model = wrap(self.model, self.ctx)
+        self.tools: Environment = RunTools(toolbox, self.ctx, snapshots.git_dir.parent)
+        for wrap in self.hooks.tool_wrappers:
+            self.tools = wrap(self.tools, self.ctx)
 
     # ---- writing to the log (always fenced by our lease) ----
     def _append(self, events, fields=None):
         self.store.append(self.task.id, events, fields, worker=self.worker)
 
     def log(self, kind: str, data: dict):
-        self._append([(kind, max(self.state.step, 0), data)])
+        """Append one event at the current step and apply it to the state."""
+        step = max(self.state.step, 0)
+        self._append([(kind, step, data)])
+        self.state.apply(kind, step, data)
+
+    def _record(self, events, fields=None):
+        """Append events (kind, step, data) in one write, then apply them to the state in order."""
+        self._append(events, fields)
+        for kind, step, data in events:
+            self.state.apply(kind, step, data)
 
     # ---- the run ----
     def run(self) -> str:
@@ -62,7 +91,6 @@ class TaskRun:
         else:
             sha = self.snapshots.take("step 0")
             self._commit(0, [("snapshot", {"id": sha, "changed": True})], sha)
-            self.state.add_step(0, None, [], sha)
         monitors = [factory(self.ctx) for factory in self.hooks.monitors]
         try:
             while True:
@@ -87,14 +115,12 @@ class TaskRun:
                 content = (f"The task was paused during step {self.state.next_step}, which was not committed: "
                            f"{reason}. The workspace was restored to the last committed step. If that step writes "
                            "a lot of data, write less (or clean up first) rather than repeating it as it was.")
-                events = [("guidance", {"content": content})] + ([("pending_discarded", {})] if self.state.pending else [])
-                self._append([(k, self.state.step, d) for k, d in events])
-                for kind, data in events:
-                    self.state.apply(kind, data)
+                events = [("guidance", {"content": content})]
+                events += [("pending_discarded", {})] if self.state.pending else []
+                self._record([(k, self.state.step, d) for k, d in events])
                 return
 
     def _should_stop(self) -> tuple[str, str] | None:
-
         task = self.store.get_task(self.task.id)
         self.ctx.control = task.control
         if task.control == "cancel":
@@ -142,9 +168,6 @@ class TaskRun:
         events += extra + [("snapshot", {"id": sha, "changed": record.changed})]
         events += self.policy.after_step(self.ctx, self.state, record)
         self._commit(n, events, sha, outcome)
-        self.state.add_step(n, response, observations, sha)
-        for kind, data in events:
-            self.state.apply(kind, data)
         crashpoint("after_commit")
         for callback in self.hooks.step_callbacks:
             callback(self.ctx, record)
@@ -154,31 +177,30 @@ class TaskRun:
         messages, tools, pre = self.policy.prepare(self.ctx, self.state, self.toolbox.specs())
         t0 = time.monotonic()
         try:
-            response = self._model_call(messages, tools)
+            response = self.model.query(messages, tools)
         except ContextOverflowError:
             if self.state.condensed_upto >= self.state.step:
                 raise  # already condensed as far as it goes
             # recoverable: condense every earlier observation (an event, so a resume sees it too), ask again
-            condense = ("condensation", {"upto_step": self.state.step, "reason": "context overflow"})
-            self.state.apply(*condense)
+            condense = {"upto_step": self.state.step, "reason": "context overflow"}
+            self.state.apply("condensation", n, condense)
             messages, tools, more = self.policy.prepare(self.ctx, self.state, self.toolbox.specs())
-            pre = pre + [condense] + more
-            response = self._model_call(messages, tools)
+            pre = pre + [("condensation", condense)] + more
+            response = self.model.query(messages, tools)
         latency = time.monotonic() - t0
         t = self.task  # only this worker changes the token counters while it holds the lease
         t.prompt_tokens += response.prompt_tokens
         t.completion_tokens += response.completion_tokens
         t.model_calls += 1
-        self._append([(k, n, d) for k, d in pre] + [
-            ("model_request", n, {"messages": len(messages), "model": getattr(self.model, "name", ""),
+        self._record([(k, n, d) for k, d in pre] + [
+            ("model_request", n, {"messages": len(messages), "model": getattr(self.configured_model, "name", ""),
                                   **_added_messages(messages, self.state.messages())}),
             ("model_response", n, {"response": response.to_dict(), "latency_s": round(latency, 4),
                                    "prompt_tokens": response.prompt_tokens,
                                    "completion_tokens": response.completion_tokens})],
             {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
              "model_calls": t.model_calls, "phase": self.state.phase or f"step {n}"})
-        self.state.pending = response
-        return response
+        return self.state.pending
 
     def _act(self, call) -> tuple[ToolResult, tuple[str, str] | None, dict | None]:
         if call.name == "submit":
@@ -186,19 +208,20 @@ class TaskRun:
             if check["ok"]:
                 return ToolResult("all deliverables present; task complete"), (
                     TaskState.SUCCEEDED.value, call.arguments.get("summary", "")), check
-            return ToolResult("not done yet; failing deliverables:\n" + "\n".join(check["failing"]), ok=False), None, check
+            failing = "\n".join(check["failing"])
+            return ToolResult("not done yet; failing deliverables:\n" + failing, ok=False), None, check
         if call.name == "ask_user":
             question = str(call.arguments.get("question", ""))
-            return ToolResult("question sent to the user; the answer follows"), (TaskState.NEEDS_INPUT.value, question), None
+            outcome = TaskState.NEEDS_INPUT.value, question
+            return ToolResult("question sent to the user; the answer follows"), outcome, None
+        if call.name == "_no_action" and call.arguments.get("truncated"):
+            return ToolResult(f"Your reply was cut off by {call.arguments['truncated']} before its tool call was "
+                              "complete, so that call was not run. Make it again with less in one reply: write a "
+                              "long file in parts (create it short, then extend it with edit) and keep the text "
+                              "before the call brief.", ok=False, meta={"truncated": True}), None, None
         if call.name == "_no_action":
             return ToolResult("No tool call found. Call a tool, or `submit` when done.", ok=False), None, None
-        return self._tool_call(call.name, call.arguments), None, None
-
-    def _run_tool(self, name, args) -> ToolResult:
-        return self.toolbox.call(name, args, timeout=self.ctx.remaining_s,
-                                 pidfile=running_pidfile(self.snapshots.git_dir.parent),
-                                 output_file=live_output_file(self.snapshots.git_dir.parent),
-                                 should_stop=lambda: self.ctx.control == "cancel" or self.ctx.lease_lost)
+        return self.tools.call(call.name, call.arguments), None, None
 
     def check_deliverables(self) -> dict:
         results, failing = [], []
@@ -223,19 +246,19 @@ class TaskRun:
         if outcome:
             state_events, state_fields = self._end_state(*outcome, step=n, snapshot=sha)
             events, fields = events + state_events, {**fields, **state_fields}
-        self._append(events, fields)
+        self._record(events, fields)
 
     def rollback(self, to_step: int) -> str:
         sha = self.state.steps.get(to_step)
         if sha is None:
             raise ValueError(f"step {to_step} is not a committed step of the current history")
         self.snapshots.restore(sha)
-        self._append([("rollback", self.state.step, {"to_step": to_step, "snapshot": sha})], {"snapshot": sha})
-        self.state.rollback(to_step, sha)
+        self._record([("rollback", self.state.step, {"to_step": to_step, "snapshot": sha, "by": "runtime"})],
+                     {"snapshot": sha})
         return sha
 
     def _end_state(self, state: str, reason: str, step: int, snapshot: str):
-        terminal = state not in (TaskState.PAUSED.value, TaskState.NEEDS_INPUT.value)
+        terminal = TaskState(state) in TERMINAL
         fields = {"state": state, "reason": reason, "worker": "", "control": "", "active_s": self.ctx.elapsed_s,
                   "phase": state.lower(), **({"finished_at": time.time()} if terminal else {}),
                   **({"progress": 1.0} if state == TaskState.SUCCEEDED.value else {})}

@@ -26,7 +26,9 @@ class Policy:
         raise NotImplementedError
 
     def prepare(self, ctx, state, tools: list[dict]) -> tuple[list[dict], list[dict], list[tuple[str, dict]]]:
-        """(messages, tools, events to record with the model call, e.g. a condensation)."""
+        """(messages, tools, events to record with the model call, e.g. a condensation). The run applies
+        those events to the state as it records them; a policy that needs one applied to build the
+        messages applies it itself (`state.apply`: the events it returns apply the same way again)."""
         raise NotImplementedError
 
     def actions(self, response: ModelResponse) -> list[tuple[ToolCall, bool]]:
@@ -49,7 +51,8 @@ class ToolCallingPolicy(Policy):
         deliverables = task.parsed_constraints.deliverables
         text = f"Objective:\n{task.objective}"
         if deliverables:
-            text += "\n\nDeliverables (checked when you submit):\n" + "\n".join(f"- {d.describe()}" for d in deliverables)
+            text += "\n\nDeliverables (checked when you submit):\n"
+            text += "\n".join(f"- {d.describe()}" for d in deliverables)
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": text}]
 
     def prepare(self, ctx, state, tools):
@@ -59,17 +62,20 @@ class ToolCallingPolicy(Policy):
         if estimate_tokens(messages) > 0.75 * self.context_limit and upto > max(state.condensed_upto, 0):
             # Older observations are shortened; the condensation is an event so a resume sees it too.
             before = estimate_tokens(messages)
-            state.condensed_upto = upto
+            state.apply("condensation", state.step, {"upto_step": upto})
             messages = state.messages()
             events.append(("condensation", {"upto_step": upto, "tokens_before": before,
                                             "tokens_after": estimate_tokens(messages)}))
         return messages, tools, events
 
     def actions(self, response):
+        # a reply cut off by max_tokens: whatever call it was writing is lost, and the model is told so
+        cut = [(ToolCall(name="_no_action", arguments={"truncated": response.truncation or "max_tokens"}, id=""),
+                True)] if response.truncated else []
         if response.tool_calls:
-            return [(c, False) for c in response.tool_calls]
+            return [(c, False) for c in response.tool_calls] + cut
         # Models served without tool support: a ```bash block is a shell call (mini-swe-agent style).
         blocks = re.findall(r"```(?:bash|sh)\n(.*?)```", response.content or "", re.S)
         if blocks:
-            return [(ToolCall(name="bash", arguments={"command": blocks[0].strip()}, id=""), True)]
-        return [(ToolCall(name="_no_action", arguments={}, id=""), True)]
+            return [(ToolCall(name="bash", arguments={"command": blocks[0].strip()}, id=""), True)] + cut
+        return cut or [(ToolCall(name="_no_action", arguments={}, id=""), True)]

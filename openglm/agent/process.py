@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import sys
-import time
+
+from openglm.util.proc import start_time, stop_group
 
 
 def running_pidfile(task_dir) -> str:
@@ -26,14 +26,6 @@ def running_pidfile(task_dir) -> str:
 def live_output_file(task_dir) -> str:
     """Where the running command's output appears as it is produced (the dashboard streams it)."""
     return os.path.join(task_dir, "running.out")
-
-
-def kill_group(pgid: int) -> None:
-    """SIGKILL a whole process group; a group that is already gone is not an error."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def remove_pidfile(pidfile) -> None:
@@ -49,15 +41,6 @@ def boot_id() -> str:
             return f.read().strip()
     except OSError:
         return ""
-
-
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def pid_record(pid: int) -> str:
@@ -83,18 +66,6 @@ def record_is_ours(record: dict) -> bool:
             and record.get("start") == start_time(pgid))
 
 
-def stop_command(pgid: int, grace_s: float = 2.0) -> None:
-    """Ask the command's launcher to kill its whole tree (cgroup / subreaper), then SIGKILL the group."""
-    try:
-        os.kill(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and start_time(pgid) is not None:
-        time.sleep(0.02)
-    kill_group(pgid)
-
-
 def kill_leftover_commands(task_dir) -> None:
     """Kill the command an earlier (killed) worker left running, if the record is this machine's."""
     pidfile = running_pidfile(task_dir)
@@ -108,7 +79,7 @@ def kill_leftover_commands(task_dir) -> None:
     except ValueError:
         record = None
     if isinstance(record, dict) and record_is_ours(record):
-        stop_command(record["pgid"])
+        stop_group(record["pgid"])
     elif text:
         print(f"openglm: not signalling the process in {pidfile} ({text}): it is not this machine's, or has "
               "exited since", file=sys.stderr)

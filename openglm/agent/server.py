@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import socket
 import sys
 import threading
 
@@ -59,8 +62,31 @@ def start_workers(config: AgentConfig, n: int, stop: threading.Event) -> WorkerP
     return WorkerPool(config, n, stop)
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (port 0: a free one). Bound before anything else starts, so a port in
+    use is one line, and the address a start-up banner prints already takes connections."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except (socket.gaierror, OSError) as e:
+        raise ValueError(f"cannot listen on {host!r}: {e.strerror or e}") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        why = "in use (another agent-server?): choose another --port" if e.errno == errno.EADDRINUSE else e.strerror
+        raise ValueError(f"cannot listen on {host}:{port}: {why}") from None
+    return sock
+
+
 def serve(config: AgentConfig, host: str = "127.0.0.1", port: int = DEFAULT_PORT, workers: int = 1,
-          token: str | None = None, view_token: str | None = None) -> None:
+          token: str | None = None, view_token: str | None = None, log_level: str = "warning",
+          on_listening=None) -> None:
+    """Serve until interrupted. `log_level` info (or debug) adds uvicorn's access log, one line per request;
+    `on_listening(port)` is called once the socket listens (the CLI prints its banner there)."""
     import uvicorn  # the server's heavy dependency: loaded when serving
 
     token = token or os.environ.get("OPENGLM_AGENT_TOKEN") or None
@@ -68,14 +94,22 @@ def serve(config: AgentConfig, host: str = "127.0.0.1", port: int = DEFAULT_PORT
     check_bind(host, token)
     if view_token and not token:
         raise ValueError("a read-only --view-token needs a full --token too (else every caller has full control)")
+    sock = listen(host, port)
     stop = threading.Event()
     pool = start_workers(config, workers, stop)
     app = create_app(config, token=token, view_token=view_token,
                      workers=pool if workers > 0 else None)  # 0 workers: API only, /health needs none
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=sock.getsockname()[1], log_level=log_level,
+                                           access_log=log_level in ("info", "debug", "trace")))
+    if log_level == "info":  # the access log, without uvicorn's start-up chatter (the banner says it)
+        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    if on_listening is not None:
+        on_listening(sock.getsockname()[1])
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        server.run(sockets=[sock])
     finally:
         stop.set()
+        sock.close()
 
 
 def run_worker(config: AgentConfig, max_tasks: int | None = None) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -20,8 +19,10 @@ from openglm.agent.state import rebuild
 from openglm.agent.store import StateConflict
 from openglm.agent.task import TERMINAL, ConstraintError, Task, TaskState, new_task_id, parse_constraints
 from openglm.agent.trust import check_no_secrets, redact, resolve_model_spec
+from openglm.util.git import GitError, clone
 
 S = TaskState
+CLONE_TIMEOUT_S = 600
 _GIT_URL = re.compile(r"^(https?://|ssh://|git://|file://|git@)|\.git/?$")
 
 
@@ -29,9 +30,10 @@ def _workspace(config: AgentConfig, task_id: str, workspace: str | None, repo: s
     if repo:
         dest = Path(config.data_dir).resolve() / "workspaces" / task_id
         dest.parent.mkdir(parents=True, exist_ok=True)
-        p = subprocess.run(["git", "clone", "-q", repo, str(dest)], capture_output=True, text=True, timeout=600)
-        if p.returncode != 0:
-            raise ConstraintError("repo", f"cannot clone {repo!r}: {p.stderr.strip()}")
+        try:
+            clone(repo, dest, timeout=CLONE_TIMEOUT_S)
+        except GitError as e:
+            raise ConstraintError("repo", f"cannot clone {repo!r}: {e.reason}") from None
         return str(dest)
     if workspace is None:
         dest = Path(config.data_dir).resolve() / "workspaces" / task_id
@@ -132,15 +134,19 @@ def rollback(store, config: AgentConfig, task_id: str, step: int) -> Task:
         raise ConstraintError("step", f"{step!r} is not a committed step (have {sorted(state.steps)})")
     snaps = Snapshots(task.workspace, config.task_dir(task_id) / "snapshots.git", config.ignore, track=False)
     snaps.restore(sha)  # one restore: watching the workspace would cost more than it saves
-    store.append(task_id, [("rollback", state.step, {"to_step": step, "snapshot": sha})], {"snapshot": sha},
-                 expect_state={task.state})
+    store.append(task_id, [("rollback", state.step, {"to_step": step, "snapshot": sha, "by": "user"})],
+                 {"snapshot": sha}, expect_state={task.state})
     return store.get_task(task_id)
 
 
 def snapshots(store, task_id: str) -> list[dict]:
+    """Every snapshot taken; `kept`: still in the task's history (a rollback discards the later steps,
+    which can then no longer be rolled back to)."""
     store.get_task(task_id)
-    return [{"step": e.step, "snapshot": e.data["id"], "changed": e.data.get("changed", True), "ts": e.ts}
-            for e in store.all_events(task_id) if e.kind == "snapshot"]
+    events = store.all_events(task_id)
+    kept = rebuild([], events).steps
+    return [{"step": e.step, "snapshot": e.data["id"], "changed": e.data.get("changed", True), "ts": e.ts,
+             "kept": kept.get(e.step) == e.data["id"]} for e in events if e.kind == "snapshot"]
 
 
 def status(store, task_id: str, recent: int = 20) -> dict:

@@ -21,13 +21,13 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import zlib
 from pathlib import Path
 
 from openglm.agent.faults import crashpoint
 from openglm.agent.watch import DirtyPaths
 from openglm.util.files import write_atomic
+from openglm.util.git import run_git
 
 DEFAULT_IGNORE = [".venv/", "venv/", "__pycache__/", "*.pyc", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/",
                   "node_modules/", ".tox/", ".cache/"]
@@ -110,7 +110,7 @@ class Snapshots:
             env = dict(self.env, GIT_LITERAL_PATHSPECS="1", LC_ALL="C")
             stdin = b"\0".join(os.fsencode(path) for path in paths)
             args += ("--pathspec-from-file=-", "--pathspec-file-nul")
-        p = subprocess.run(["git", *args], cwd=self.workspace, env=env, input=stdin, capture_output=True)
+        p = run_git(args, self.workspace, env=env, input=stdin)
         stdout, stderr = os.fsdecode(p.stdout), p.stderr.decode(errors="replace")
         # `add` naming an ignored path (a user's .gitignore) exits 1 after staging the others: fine
         if p.returncode != 0 and check and not (p.returncode == 1 and _IGNORED_PATHS in stderr):
@@ -124,10 +124,12 @@ class Snapshots:
         tmp = self.git_dir.with_name(self.git_dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         env = dict(self.env, GIT_DIR=str(tmp))
-        subprocess.run(["git", "init", "-q"], env=env, cwd=self.workspace, check=True, capture_output=True)
-        for key, value in [("core.autocrlf", "false"), ("gc.auto", "0"), ("core.excludesFile", os.devnull),
-                           ("core.untrackedCache", "true"), ("core.quotePath", "false")]:
-            subprocess.run(["git", "config", key, value], env=env, cwd=self.workspace, check=True)
+        for args in [("init", "-q"), ("config", "core.autocrlf", "false"), ("config", "gc.auto", "0"),
+                     ("config", "core.excludesFile", os.devnull), ("config", "core.untrackedCache", "true"),
+                     ("config", "core.quotePath", "false")]:
+            p = run_git(args, self.workspace, env=env, text=True)
+            if not p.ok:
+                raise SnapshotError(f"git {' '.join(args)} failed: {p.stderr.strip()}")
         (tmp / "info").mkdir(exist_ok=True)
         (tmp / "info" / "exclude").write_text("\n".join(ignore) + "\n")
         os.replace(tmp, self.git_dir)  # a half-initialised dir is never mistaken for a real one

@@ -3,7 +3,8 @@
 A run never keeps state that the log does not have: on resume the worker replays the log to
 get the conversation, the last committed step and snapshot, the policy's phase, and the
 write-ahead model response of a step that had not committed (that step is redone without a new
-model call).
+model call). `AgentState.apply` is the one place that says what an event does: the live run applies
+each event as it logs it, `rebuild` applies the log, so the two states cannot differ.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class AgentState:
     last_step: int = -1  # highest step number ever committed (steps stay unique after a rollback)
     snapshot: str = ""  # the committed snapshot the workspace must equal
     pending: ModelResponse | None = None  # write-ahead response of step `last_step + 1`
+    observations: dict[int, list[dict]] = field(default_factory=dict)  # of steps not committed yet
     phase: str = ""
     phase_data: dict = field(default_factory=dict)
     condensed_upto: int = -1
@@ -51,7 +53,33 @@ class AgentState:
                 out.append({k: v for k, v in m.items() if k != "observation"})
         return out
 
+    def apply(self, kind: str, step: int, data: dict) -> None:
+        """What the event (kind, step, data) does to the state; events that change nothing are ignored."""
+        if kind == "model_response":  # write-ahead: the step's answer, until the step commits
+            self.pending = ModelResponse.from_dict(data["response"])
+        elif kind == "observation":
+            self.observations.setdefault(step, []).append(data)
+        elif kind == "step_committed":
+            response = self.pending if step > 0 else None
+            self.add_step(step, response, self.observations.pop(step, []), data["snapshot"])
+        elif kind == "rollback":
+            self.rollback(data["to_step"], data["snapshot"])
+        elif kind == "answer":
+            answer = {"role": "user", "content": f"Answer from the user: {data['answer']}"}
+            self.blocks.append(Block(self.step, [answer]))
+        elif kind == "phase":
+            self.phase, self.phase_data = data["phase"], data.get("data", {})
+        elif kind == "guidance":  # a message to the model from a layer above the loop (recovery ladder)
+            self.blocks.append(Block(self.step, [{"role": "user", "content": data["content"]}]))
+        elif kind == "pending_discarded":  # a fault paused the step: ask the model again, do not replay it
+            self.pending = None
+        elif kind == "loop_condensed":
+            self.condensed_steps.update(data["steps"])
+        elif kind == "condensation":
+            self.condensed_upto = max(self.condensed_upto, data["upto_step"])
+
     def add_step(self, step: int, response: ModelResponse | None, observations: list[dict], snapshot: str):
+        """A committed step: its assistant turn and observations join the conversation."""
         msgs = [response.to_message()] if response is not None else []
         # OpenAI's order: the assistant's tool calls, then one tool reply per call (in call order), and
         # only then any user message (observations of calls the model did not make)
@@ -62,7 +90,8 @@ class AgentState:
             msgs.append({"role": "tool", "tool_call_id": cid, "content": output, "observation": True})
         for o in observations:
             if o.get("call_id") not in replies:
-                msgs.append({"role": "user", "content": f"Observation ({o['name']}):\n{o['output']}", "observation": True})
+                msgs.append({"role": "user", "content": f"Observation ({o['name']}):\n{o['output']}",
+                             "observation": True})
         if msgs:
             self.blocks.append(Block(step, msgs))
         self.step, self.last_step, self.snapshot, self.pending = step, max(self.last_step, step), snapshot, None
@@ -75,46 +104,20 @@ class AgentState:
                                             f"after step {to_step}; later changes are gone."}]))
         self.step, self.snapshot, self.pending = to_step, snapshot, None
 
-    def apply(self, kind: str, data: dict):
-        """Apply a context event (an answer, a phase, guidance, a condensation). The one place that
-        says what such an event does, so the live state and one rebuilt from the log cannot differ."""
-        if kind == "answer":
-            self.blocks.append(Block(self.step, [{"role": "user", "content": f"Answer from the user: {data['answer']}"}]))
-        elif kind == "phase":
-            self.phase, self.phase_data = data["phase"], data.get("data", {})
-        elif kind == "guidance":  # a message to the model from a layer above the loop (recovery ladder)
-            self.blocks.append(Block(self.step, [{"role": "user", "content": data["content"]}]))
-        elif kind == "pending_discarded":  # a fault paused the step: ask the model again, do not replay it
-            self.pending = None
-        elif kind == "loop_condensed":
-            self.condensed_steps.update(data["steps"])
-        elif kind == "condensation":
-            self.condensed_upto = max(self.condensed_upto, data["upto_step"])
-
 
 def _condense(text: str) -> str:
     if len(text) <= CONDENSED_CHARS:
         return text
-    return text[:CONDENSED_CHARS] + f"\n[... condensed: {len(text) - CONDENSED_CHARS} characters of an old observation dropped]"
+    dropped = len(text) - CONDENSED_CHARS
+    return text[:CONDENSED_CHARS] + f"\n[... condensed: {dropped} characters of an old observation dropped]"
 
 
 def rebuild(initial: list[dict], events: list[Event], before=None) -> AgentState:
     """Replay the log into an AgentState. `before(event, state)`, if given, sees the state as it was
     just before each event (the trajectory viewer reads each turn's prompt this way)."""
     st = AgentState(initial=initial)
-    observations: dict[int, list[dict]] = {}
     for e in events:
         if before is not None:
             before(e, st)
-        if e.kind == "model_response":
-            st.pending = ModelResponse.from_dict(e.data["response"])
-        elif e.kind == "observation":
-            observations.setdefault(e.step, []).append(e.data)
-        elif e.kind == "step_committed":
-            response = st.pending if e.step > 0 else None
-            st.add_step(e.step, response, observations.pop(e.step, []), e.data["snapshot"])
-        elif e.kind == "rollback":
-            st.rollback(e.data["to_step"], e.data["snapshot"])
-        else:
-            st.apply(e.kind, e.data)
+        st.apply(e.kind, e.step, e.data)
     return st

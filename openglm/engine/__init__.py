@@ -12,6 +12,7 @@ _EXPORTS = {
     "EngineConfig": "openglm.engine.config",
     "LLM": "openglm.engine.llm",
     "LLMEngine": "openglm.engine.llm_engine",
+    "PromptError": "openglm.engine.llm_engine",
     "CompletionOutput": "openglm.engine.outputs",
     "RequestOutput": "openglm.engine.outputs",
     "SamplingParams": "openglm.engine.sampling_params",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -14,14 +15,14 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + output; defaults to the model's max_position_embeddings
     enable_prefix_caching: bool = True  # content-hashed full blocks shared across requests (session cache)
     session_ttl: float = 600.0  # seconds an idle cached block may stay reusable; <= 0 disables expiry
-    max_queue: int = 256  # waiting + running requests beyond which new requests are refused
     quantization: str | None = None  # None, "int8" or "fp8"
     dtype: str = "float32"
     seed: int = 0
     num_speculative_tokens: int = 0  # MTP drafts verified per decode step (0: off); needs a next-n layer
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N": where the weights, the paged KV pool and the steps run
 
     def __post_init__(self):
-        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_queue"):
+        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
@@ -34,3 +35,24 @@ class EngineConfig:
             self.quantization = None
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"EngineConfig.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):
+            raise ValueError(f"EngineConfig.device must be cpu, cuda or cuda:N, got {self.device!r}")
+
+
+DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def resolve_device(name: str):
+    """The torch device `name` (cpu, cuda, cuda:N) names; ValueError in one line when it is not there."""
+    import torch  # heavy: only when an engine is built (`openglm serve --help` stays fast)
+
+    if not DEVICE.fullmatch(name):
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {name!r}")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+            raise ValueError(f"device {name!r}: no CUDA device is available (torch {torch.__version__}, {build})")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return device

@@ -19,8 +19,9 @@ from openglm.model.cache import DecodeRows, KeyShadow
 
 
 class KVPool:
-    def __init__(self, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32, device=None):
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        self.device = torch.device(device or "cpu")
         self.num_slots = num_blocks * block_size
         self.tensors: dict[tuple[int, str], torch.Tensor] = {}
         self.shadows: dict[int, KeyShadow] = {}  # layer -> the int8 shadow of its `index_k` (decode's scan reads it)
@@ -30,9 +31,9 @@ class KVPool:
         pool = self.tensors.get(key)
         if pool is None:
             # one extra all-zero slot at the end: padding positions gather from it
-            pool = torch.zeros((self.num_slots + 1, *like.shape[2:]), dtype=self.dtype)
+            pool = torch.zeros((self.num_slots + 1, *like.shape[2:]), dtype=self.dtype, device=self.device)
             self.tensors[key] = pool
-            if name == "index_k" and (shadow := KeyShadow.for_keys(self.num_slots + 1, pool.shape[1])):
+            if name == "index_k" and (shadow := KeyShadow.for_keys(self.num_slots + 1, pool.shape[1], self.device)):
                 self.shadows[layer] = shadow
         elif pool.shape[1:] != like.shape[2:]:
             raise ValueError(f"cache entry {name!r} of layer {layer} has shape {tuple(like.shape[2:])}, "
@@ -79,7 +80,8 @@ class PagedBatchCache:
                 read[row, self.past - p : self.past + t] = slots
             write = torch.cat([slots[p:] for slots, p in zip(self.seq_slots, past_lens)])
             valid_new = torch.arange(self.new)[None, :] < torch.tensor(new_lens)[:, None]
-            self._gather = read.flatten(), write, valid_new.flatten().nonzero().squeeze(1)
+            to = self.pool.device  # built on the CPU, used where the pool is
+            self._gather = read.flatten().to(to), write.to(to), valid_new.flatten().nonzero().squeeze(1).to(to)
         return self._gather
 
     def get_seq_length(self) -> int:

@@ -15,7 +15,7 @@ from openglm.engine.kv_cache import KVPool, PagedBatchCache
 from openglm.engine.quant import quantize_tensor
 from openglm.engine.sequence import Sequence
 from openglm.model.quantized import QuantizedWeight
-from openglm.model.weights import derived_weight
+from openglm.model.derived import derived_weight
 
 PAD_WASTE = 1.3  # a row may join a group when the padded size stays within 1.3x the real tokens
 
@@ -40,7 +40,8 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, pad_token_id: int = 0):
         self.model = model.eval()
         self.dtype = next(model.parameters()).dtype
-        self.pool = KVPool(num_blocks, block_size, self.dtype)
+        self.device = next(model.parameters()).device  # the pool and each step's inputs live with the weights
+        self.pool = KVPool(num_blocks, block_size, self.dtype, self.device)
         self.pad_token_id = pad_token_id
 
     @torch.inference_mode()
@@ -63,8 +64,8 @@ class ModelRunner:
         """One model call over the paged pool: the logits after each row's last new token, [B, vocab] fp32."""
         logits = self._call(step, lambda ids, mask, pos, cache: self.model(
             ids, attention_mask=mask, position_ids=pos, cache=cache).logits)
-        last = torch.tensor(step.new_lens) - 1
-        return logits[torch.arange(len(step.new_lens)), last].float()
+        last = torch.tensor(step.new_lens, device=logits.device) - 1
+        return logits[torch.arange(len(step.new_lens), device=logits.device), last].float().cpu()  # sampled on the CPU
 
     # ---- speculative decoding (engine/speculative.py): the main model's verify step and the MTP drafts ----
     @torch.inference_mode()
@@ -78,14 +79,13 @@ class ModelRunner:
             steps = StepInputs([(seqs[i].token_ids + seqs[i].draft_token_ids)[seqs[i].num_computed_tokens:][:num_tokens[i]]
                                 for i in group], [seqs[i].num_computed_tokens for i in group],
                                [num_tokens[i] for i in group], [list(seqs[i].block_table) for i in group])
-            h = self._call(steps, lambda ids, mask, pos, cache: self.model(
-                ids, attention_mask=mask, position_ids=pos, cache=cache, return_hidden=True,
-                return_logits=False).hidden)
+            h = self._call(steps, lambda ids, mask, pos, cache: self.model.hidden_states(
+                ids, attention_mask=mask, position_ids=pos, cache=cache))
             for row, i in enumerate(group):
                 t = num_tokens[i]
                 keep = 1 + max(0, seqs[i].num_computed_tokens + t - seqs[i].num_tokens)  # drafts inside the chunk
                 hidden[i], kept[i] = h[row, :t], h[row, t - keep : t]
-        logits = self.model.lm_head(torch.cat(kept)).float()  # one pass over the head's weight for every row
+        logits = self.model.logits(torch.cat(kept)).float().cpu()  # one pass over the head's weight for every row
         return list(logits.split([len(k) for k in kept])), hidden
 
     @torch.inference_mode()
@@ -101,12 +101,11 @@ class ModelRunner:
                 h[row, : len(r.next_ids)] = r.hidden
             steps = StepInputs([r.next_ids for r in sub], [r.past for r in sub], [len(r.next_ids) for r in sub],
                                [r.block_table for r in sub])
-            x = self._call(steps, lambda ids, mask, pos, cache: self.model.mtp_forward(
-                h, ids, pos, mask, cache, return_logits=False)[1])
+            x = self._call(steps, lambda ids, mask, pos, cache: self.model.mtp_forward(h, ids, pos, mask, cache))
             for row, i in enumerate(group):
                 hidden[i] = x[row, len(rows[i].next_ids) - 1]
         hidden = torch.stack(hidden)
-        return self.model.mtp_logits(hidden, head=self._draft_head()).float(), hidden
+        return self.model.mtp_logits(hidden, head=self._draft_head()).float().cpu(), hidden
 
     def _draft_head(self) -> torch.Tensor:
         """The LM head weight the MTP drafts go through: an int8 copy of an fp32/bf16 head (a quarter / half of the
@@ -131,7 +130,9 @@ class ModelRunner:
             positions[row, :t] = torch.arange(p, p + t)
             positions[row, t:] = p + t - 1
             mask[row, P - p : P + t] = 1
-        return fn(input_ids, mask, positions, PagedBatchCache(self.pool, step.block_tables, past_lens, new_lens))
+        to = self.device  # built on the CPU (a few small tensors per step), moved once
+        return fn(input_ids.to(to), mask.to(to), positions.to(to),
+                  PagedBatchCache(self.pool, step.block_tables, past_lens, new_lens))
 
 
 @dataclass

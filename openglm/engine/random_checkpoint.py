@@ -31,7 +31,7 @@ def build_random_checkpoint(path: str | Path, preset: str = "tiny", vocab_size: 
     trained on `texts` (default: a few stdlib sources)."""
     import torch  # heavy: loaded when a checkpoint is built
 
-    from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
+    from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, save_pretrained
     from openglm.tokenizer import train_tokenizer
 
     path = Path(path)
@@ -40,6 +40,6 @@ def build_random_checkpoint(path: str | Path, preset: str = "tiny", vocab_size: 
                                   pad_token_id=tok.pad_id, bos_token_id=tok.bos_ids[-1], **overrides)
     torch.manual_seed(seed)
     model = GlmMoeDsaForCausalLM(cfg)
-    model.save_pretrained(path)
+    save_pretrained(model, path)
     tok.save(path)
     return path

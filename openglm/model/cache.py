@@ -52,8 +52,9 @@ class KeyShadow:
         self.scale = torch.zeros(slots)
 
     @classmethod
-    def for_keys(cls, slots: int, width: int) -> "KeyShadow | None":
-        return cls(slots, width) if width % 4 == 0 else None
+    def for_keys(cls, slots: int, width: int, device: torch.device | str = "cpu") -> "KeyShadow | None":
+        # Only the CPU's native decode step reads a shadow: keys on another device (CUDA) keep none.
+        return cls(slots, width) if width % 4 == 0 and torch.device(device).type == "cpu" else None
 
     @property
     def bytes_per_slot(self) -> int:
@@ -129,7 +130,7 @@ class _IndexKeyBuffer(_LayerBuffer):
 
     def __init__(self, entries: dict[str, torch.Tensor]):
         super().__init__(entries)
-        self.shadow = KeyShadow.for_keys(0, self.widths[0])
+        self.shadow = KeyShadow.for_keys(0, self.widths[0], self.data.device)
 
     def append(self, entries: dict[str, torch.Tensor]) -> None:
         start = self.length
@@ -149,7 +150,7 @@ class _IndexKeyBuffer(_LayerBuffer):
 
     def _rebuild(self) -> None:
         capacity = self.data.shape[1]
-        self.shadow = KeyShadow.for_keys(self.batch * capacity, self.widths[0])
+        self.shadow = KeyShadow.for_keys(self.batch * capacity, self.widths[0], self.data.device)
         if self.shadow is not None:
             self.shadow.write(self._slots(0), self.data[:, : self.length].reshape(-1, self.widths[0]))
 

@@ -26,12 +26,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from openglm.model import fp8, weights
-from openglm.model.config import FP32_TENSORS, ModelConfig
+from openglm.model import fp8
+from openglm.model.config import FP32_TENSORS, KEEP_FP32, ModelConfig
 from openglm.model.errors import (CheckpointError, CheckpointPathError, CheckpointTooLargeError, ConfigError,
                                   CorruptShardError, MissingShardError, MissingTensorError, NonFiniteTensorError,
                                   TensorDTypeError, UnexpectedTensorError)
-from openglm.model.model import GlmMoeDsaForCausalLM
+from openglm.model.families import family_of
+from openglm.model.hf_names import HFNames, extra_layer, hf_name
+from openglm.model.model import GlmMoeDsaForCausalLM, build_model
 from openglm.model.rope import RotaryEmbedding
 from openglm.util.files import replace_dir, restore_replaced_dir
 
@@ -68,9 +70,15 @@ def save_pretrained(model: GlmMoeDsaForCausalLM, path, max_shard_size: int = 2 <
     format of the -FP8 releases, which vLLM and SGLang serve)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = _hf_state_dict(model)
+    names = family_of(model.config.model_type).hf_names
+    tensors = _hf_state_dict(model, names)
+    kept = getattr(model, "vision_extra", {})
     if quantization is not None:
+        skip = quantization.modules_to_not_convert
+        extra = list(names.fp8_not_convert) + _kept_not_convert(model, kept, names)
+        quantization = fp8.Fp8Config(quantization.block, skip + [m for m in extra if m not in skip])
         tensors = _quantized(tensors, quantization)
+    tensors.update(kept)  # as loaded: the same bytes go back
     shards = _split(tensors, max_shard_size)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
@@ -93,18 +101,28 @@ def save_pretrained(model: GlmMoeDsaForCausalLM, path, max_shard_size: int = 2 <
         raise
 
 
-def _hf_state_dict(model) -> dict[str, torch.Tensor]:
+def _hf_state_dict(model, names: HFNames) -> dict[str, torch.Tensor]:
     out = {}
     n = model.config.num_hidden_layers
     for name, t in model.state_dict().items():
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
-        for hf_name, piece in weights.to_hf(weights.hf_name(name, n), t.detach()):
+        for disk_name, piece in names.to_hf(hf_name(name, n), t.detach()):
             # Expert slices share storage with the stacked tensor; safetensors wants separate storage.
-            out[hf_name] = piece.contiguous() if piece is t else piece.clone()
-    for hf_name, t in getattr(model, "mtp_extra", {}).items():
-        out[hf_name] = t.detach().contiguous()
+            out[names.disk(disk_name)] = piece.contiguous() if piece is t else piece.clone()
+    for disk_name, t in getattr(model, "mtp_extra", {}).items():
+        out[disk_name] = t.detach().contiguous()
     return out
+
+
+def _kept_not_convert(model, kept: dict[str, torch.Tensor], names: HFNames) -> list[str]:
+    """What an FP8 config.json says of the tensors kept as stored (a vision tower): unquantised ones are not
+    converted at all; FP8 ones (from an FP8 source) keep the source's word on them."""
+    if not kept:
+        return []
+    if not any(name.endswith(fp8.SCALE_SUFFIX) for name in kept):
+        return list(names.kept)
+    return list(getattr(model, "kept_not_convert", []))
 
 
 def _quantized(tensors: dict[str, torch.Tensor], q: fp8.Fp8Config) -> dict[str, torch.Tensor]:
@@ -288,8 +306,8 @@ def checkpoint_dtype(tensors: dict[str, TensorInfo], declared: str | None,
 
 def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu",
                max_memory: int | None = None) -> GlmMoeDsaForCausalLM:
-    """Load a Hugging Face checkpoint directory (glm_moe_dsa, glm4_moe, glm4_moe_lite; bf16/fp16/fp32 or FP8
-    block-quantised) into GlmMoeDsaForCausalLM (eval mode). `dtype`: the weights' dtype (default: the
+    """Load a Hugging Face checkpoint directory (glm_moe_dsa, glm4_moe, glm4_moe_lite, glm5_next; bf16/fp16/fp32 or
+    FP8 block-quantised) into GlmMoeDsaForCausalLM (or its family's subclass; eval mode). `dtype`: the weights' dtype (default: the
     checkpoint's). Every bad input raises a ModelError subclass naming the key, tensor or file."""
     raw = read_config_json(path)
     cfg = read_config(path, raw)
@@ -300,14 +318,16 @@ def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu"
         dtype = DTYPES[dtype]
     files = shard_files(path)
     tensors = read_headers(files)
+    names = family_of(cfg.model_type).hf_names.reading(tensors)
     declared = raw.get("dtype", raw.get("torch_dtype"))
     if declared is not None and not isinstance(declared, str):
         raise ConfigError(f"config.json dtype={declared!r} must be a string")
-    stored = checkpoint_dtype(tensors, declared, quant)  # the dtype rules hold whatever dtype is asked for
+    # The dtype rules hold whatever dtype is asked for (tensors kept as stored are not the model's: not checked).
+    stored = checkpoint_dtype({k: t for k, t in tensors.items() if not names.is_kept(k)}, declared, quant)
     target = dtype or stored
     _check_memory(Path(path), tensors, target, max_memory)
     n, nextn = cfg.num_hidden_layers, cfg.num_nextn_predict_layers
-    mtp_found = {weights.extra_layer(k, n, nextn) for k in tensors} - {None}
+    mtp_found = {extra_layer(names.from_disk(k), n, nextn) for k in tensors if not names.is_kept(k)} - {None}
     if not mtp_found:  # a checkpoint without its next-n layers (transformers drops them): a model without them
         cfg = cfg.replace(num_nextn_predict_layers=0)
     with ExitStack() as stack:
@@ -318,17 +338,18 @@ def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu"
             except (SafetensorError, OSError) as e:
                 raise CorruptShardError(f"{f}: cannot open ({e})") from None
             handles.update({k: (h, f) for k in h.keys()})
-        model, used = _fill(cfg, path, handles, quant, target, device)
+        model, used = _fill(cfg, path, handles, quant, target, device, names)
         extra = [k for k in handles if k not in used]
         if extra:
             raise UnexpectedTensorError(f"checkpoint {path} has tensor(s) the config does not use: {extra[:5]}")
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.model.rotary_emb = RotaryEmbedding(cfg).to(device)  # non-persistent buffer: rebuild off meta
+    if hasattr(model.model, "rotary_emb"):
+        model.model.rotary_emb = RotaryEmbedding(cfg).to(device)  # non-persistent buffer: rebuild off meta
     return model.eval()
 
 
-def _fill(cfg, path, handles, quant, target, device):
+def _fill(cfg, path, handles, quant, target, device, names: HFNames):
     """Build the model on meta and assign every tensor from the checkpoint; returns (model, names used)."""
 
     def get(k):
@@ -345,25 +366,35 @@ def _fill(cfg, path, handles, quant, target, device):
         return t
 
     with torch.device("meta"):
-        model = GlmMoeDsaForCausalLM(cfg)
+        model = build_model(cfg)
     state, used = {}, set()
     for name, p in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         try:
-            t, names = weights.load_native(weights.hf_name(name, cfg.num_hidden_layers), p.shape, get,
-                                           handles.__contains__)
+            t, read = names.load_native(hf_name(name, cfg.num_hidden_layers), p.shape, lambda k: get(names.disk(k)),
+                                        lambda k: names.disk(k) in handles)
         except KeyError as e:
-            raise MissingTensorError(f"checkpoint {path} lacks tensor {e.args[0]!r}") from None
-        used.update(names)
-        used.update(k + fp8.SCALE_SUFFIX for k in names if k + fp8.SCALE_SUFFIX in handles)
-        keep_fp32 = name.endswith("e_score_correction_bias")
+            raise MissingTensorError(f"checkpoint {path} lacks tensor {names.disk(e.args[0])!r}") from None
+        read = [names.disk(k) for k in read]
+        used.update(read)
+        used.update(k + fp8.SCALE_SUFFIX for k in read if k + fp8.SCALE_SUFFIX in handles)
+        keep_fp32 = name.endswith(KEEP_FP32)
         state[name] = t.to(device=device, dtype=torch.float32 if keep_fp32 else target)
     for k in handles:
-        i = weights.extra_layer(k, cfg.num_hidden_layers, cfg.num_nextn_predict_layers)
-        if i is not None and k.endswith(weights.MTP_OPTIONAL) and k not in used:
+        if names.is_kept(k):  # as stored: no dequantisation, no cast, written back byte for byte
+            try:
+                model.vision_extra[k] = handles[k][0].get_tensor(k)
+            except SafetensorError as e:
+                raise CorruptShardError(f"{handles[k][1]}: cannot read tensor {k!r} ({e})") from None
+            used.add(k)
+            continue
+        i = extra_layer(names.from_disk(k), cfg.num_hidden_layers, cfg.num_nextn_predict_layers)
+        if i is not None and k.endswith(names.nextn_copies) and k not in used:
             model.mtp_extra[k] = get(k).to(device=device, dtype=target)
             used.update([k, k + fp8.SCALE_SUFFIX])
+    if quant is not None and names.kept:  # what the source said of the tensors kept as stored, for an FP8 save
+        model.kept_not_convert = [m for m in quant.modules_to_not_convert if names.is_kept(m)]
     model.load_state_dict(state, strict=not cfg.tie_word_embeddings, assign=True)
     return model, used
 

@@ -8,40 +8,15 @@
    on load), so results equal the matmul path up to summation order (and, in bf16, without rounding the
    intermediate activations to bf16). */
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "kernels.h"
 
+/* The limits of what these kernels take (native.py reads them through `decode_limits`): rows per weight (the
+   register sums of each row), the per-head widths of heads_linear (its stack buffers) and the widths of a decode
+   step's layer (hidden, kv rank, experts, indexer heads x width: its stack buffers). */
 #define MAX_ROWS 8
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v4 __attribute__((vector_size(16)));
-typedef uint16_t u16x16 __attribute__((vector_size(32)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
-typedef int8_t i8x16 __attribute__((vector_size(16)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-
-static inline v16 load_f32(const void *p) { v16 x; memcpy(&x, p, sizeof x); return x; }
-static inline v16 load_bf16(const void *p) {  /* 16 bf16 -> fp32: the bf16 bits are the fp32's high half */
-    u16x16 h; memcpy(&h, p, sizeof h);
-    u32x16 w = __builtin_convertvector(h, u32x16) << 16;
-    v16 x; memcpy(&x, &w, sizeof x); return x;
-}
-static inline float hsum16(v16 x) {  /* a tree in registers, not a 16-add chain */
-    v8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
-    v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-    return (b[0] + b[2]) + (b[1] + b[3]);
-}
-
-static inline uint16_t round_bf16(float f) {  /* round to nearest even, as torch's .to(torch.bfloat16) */
-    uint32_t u; memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  /* NaN stays a (quiet) NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static inline float widen_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, sizeof f); return f; }
+#define HEADS_MAX_WIDTH 1024
+#define STEP_MAX_WIDTH 65536
 
 enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2 };  /* weight element types; int8 rows carry one fp32 scale each */
 static inline int64_t w_size(int wtype) { return wtype == W_F32 ? 4 : wtype == W_BF16 ? 2 : 1; }
@@ -339,6 +314,21 @@ static void rows_times_weight(const float *x, int64_t n, const void *w, const fl
     else rows_times_weight_t(x, n, w, scale, W_F32, m, k, y);
 }
 
+/* Whether a product of n x rows by a weight [m, k] of wtype (with row scales when int8) is one these kernels take:
+   1 <= n <= MAX_ROWS, k a positive multiple of 16 (the vector loops have no tail). */
+static int rows_ok(int64_t n, int64_t m, int64_t k, int wtype, const float *scale) {
+    return n >= 1 && n <= MAX_ROWS && m >= 1 && k >= 16 && k % 16 == 0 && wtype >= W_F32 && wtype <= W_I8
+        && (wtype != W_I8 || scale != NULL);
+}
+
+/* The limits above, for native.py: out[0] = MAX_ROWS, out[1] = HEADS_MAX_WIDTH, out[2] = STEP_MAX_WIDTH. */
+int64_t decode_limits(int64_t *out) {
+    out[0] = MAX_ROWS;
+    out[1] = HEADS_MAX_WIDTH;
+    out[2] = STEP_MAX_WIDTH;
+    return 3;
+}
+
 /* Which instruction paths this build compiled (-march=native): 1 = bf16 weights through AVX512-BF16 dot products,
    2 = int8 weights through AVX512-VNNI; otherwise the portable vector code widens each weight to fp32. */
 int decode_features(void) {
@@ -355,10 +345,14 @@ int decode_features(void) {
 /* SwiGLU of the experts over their rows: xs [rows, h] fp32 sorted by expert, counts [n_experts] rows each
    (each <= MAX_ROWS); gate_up [n_experts, 2 * inter, h] (gate rows first), down [n_experts, h, inter], both of
    wtype; for int8 their row scales gu_scale [n_experts, 2 * inter] and down_scale [n_experts, h] (else NULL);
-   out [rows, h] fp32; work >= MAX_ROWS * 3 * inter floats. h and inter multiples of 16. */
-void experts_swiglu(const float *xs, const int64_t *counts, int64_t n_experts, const void *gate_up,
-                    const void *down, const float *gu_scale, const float *down_scale, int wtype, int64_t h,
-                    int64_t inter, float *out, float *work) {
+   out [rows, h] fp32; work >= MAX_ROWS * 3 * inter floats. h and inter multiples of 16. Returns 0, or
+   KERNEL_BAD_ARGS (nothing written) when a count is outside [0, MAX_ROWS] or a size or type is not one it takes. */
+int experts_swiglu(const float *xs, const int64_t *counts, int64_t n_experts, const void *gate_up,
+                   const void *down, const float *gu_scale, const float *down_scale, int wtype, int64_t h,
+                   int64_t inter, float *out, float *work) {
+    if (n_experts < 0 || !rows_ok(1, h, inter, wtype, down_scale) || !rows_ok(1, 2 * inter, h, wtype, gu_scale))
+        return KERNEL_BAD_ARGS;
+    for (int64_t e = 0; e < n_experts; e++) if (counts[e] < 0 || counts[e] > MAX_ROWS) return KERNEL_BAD_ARGS;
     const int64_t size = w_size(wtype);
     float *gu = work, *act = work + MAX_ROWS * 2 * inter;
     for (int64_t e = 0, row = 0; e < n_experts; e++) {
@@ -375,16 +369,19 @@ void experts_swiglu(const float *xs, const int64_t *counts, int64_t n_experts, c
                           wtype, h, inter, out + row * h);
         row += n;
     }
+    return 0;
 }
 
 /* y [n, m] = x [n, k] times w [m, k] (of wtype, int8 with row scales) transposed: a Linear without bias, for
    n <= MAX_ROWS rows. x and y are bf16 when io_bf16 (x widened once, y rounded as torch rounds), else fp32.
-   Returns 0, or -1 when the fp32 buffers of the bf16 case cannot be allocated (y is then untouched). */
+   k a multiple of 16. Returns 0, KERNEL_BAD_ARGS (nothing written), or KERNEL_NO_MEMORY when the fp32 buffers of
+   the bf16 case cannot be allocated (y is then untouched). */
 int rows_linear(const void *x, int64_t n, const void *w, const float *scale, int wtype, int io_bf16, int64_t m,
                 int64_t k, void *y) {
+    if (!rows_ok(n, m, k, wtype, scale)) return KERNEL_BAD_ARGS;
     if (!io_bf16) { rows_times_weight(x, n, w, scale, wtype, m, k, y); return 0; }
     float *xf = malloc(sizeof(float) * n * (k + m));
-    if (!xf) return -1;
+    if (!xf) return KERNEL_NO_MEMORY;
     for (int64_t i = 0; i < n * k; i++) xf[i] = widen_bf16(((const uint16_t *)x)[i]);
     rows_times_weight(xf, n, w, scale, wtype, m, k, xf + n * k);
     for (int64_t i = 0; i < n * m; i++) ((uint16_t *)y)[i] = round_bf16(xf[n * k + i]);
@@ -395,22 +392,29 @@ int rows_linear(const void *x, int64_t n, const void *w, const float *scale, int
 /* Per-head products of MLA's absorbed decode step: y[r, h] = w[h] x[r, h] for h < heads, where x [n, heads, k]
    fp32, w [heads] of [m, k] (row stride k, head stride w_head elements; of wtype, int8 with row scales at
    scale + h * s_head), y [n, heads, m] fp32. One call per layer instead of a bmm whose small-row set-up
-   (oneDNN / MKL) costs more than its ~1 MB read. */
-void heads_linear(const float *x, int64_t n, int64_t heads, const void *w, const float *scale, int wtype,
-                  int64_t w_head, int64_t s_head, int64_t m, int64_t k, float *y) {
+   (oneDNN / MKL) costs more than its ~1 MB read. m and k at most HEADS_MAX_WIDTH, k a multiple of 16; heads at
+   least m * k elements (and, int8, m scales) apart. Returns 0 or KERNEL_BAD_ARGS (nothing written). */
+int heads_linear(const float *x, int64_t n, int64_t heads, const void *w, const float *scale, int wtype,
+                 int64_t w_head, int64_t s_head, int64_t m, int64_t k, float *y) {
+    if (!rows_ok(n, m, k, wtype, scale) || heads < 1 || m > HEADS_MAX_WIDTH || k > HEADS_MAX_WIDTH
+        || (heads > 1 && (w_head < m * k || (wtype == W_I8 && s_head < m))))
+        return KERNEL_BAD_ARGS;
     const int64_t size = w_size(wtype);
-    float xs[MAX_ROWS * 1024], ys[MAX_ROWS * 1024];
+    float xs[MAX_ROWS * HEADS_MAX_WIDTH], ys[MAX_ROWS * HEADS_MAX_WIDTH];
     for (int64_t h = 0; h < heads; h++) {
         for (int64_t r = 0; r < n; r++) memcpy(xs + r * k, x + (r * heads + h) * k, k * sizeof(float));
         rows_times_weight(xs, n, (const char *)w + h * w_head * size, scale ? scale + h * s_head : NULL, wtype, m, k, ys);
         for (int64_t r = 0; r < n; r++) memcpy(y + (r * heads + h) * m, ys + r * m, m * sizeof(float));
     }
+    return 0;
 }
 
 /* RMSNorm of bf16 rows as norm.py computes it, in one call instead of ~30 ATen ops: y = w * bf16(x / rms(x)),
    the mean of squares in fp32, the normalised row rounded to bf16, then the weight product rounded again
-   (the reference's two roundings). x, y [rows, dim] bf16, w [dim] bf16; dim a multiple of 16. */
-void rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t dim, const uint16_t *w, float eps, uint16_t *y) {
+   (the reference's two roundings). x, y [rows, dim] bf16, w [dim] bf16; dim a positive multiple of 16. Returns 0
+   or KERNEL_BAD_ARGS (nothing written). */
+int rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t dim, const uint16_t *w, float eps, uint16_t *y) {
+    if (rows < 0 || dim < 16 || dim % 16) return KERNEL_BAD_ARGS;
     for (int64_t r = 0; r < rows; r++, x += dim, y += dim) {
         v16 acc = {0};
         for (int64_t i = 0; i < dim; i += 16) { v16 v = load_bf16(x + i); acc += v * v; }
@@ -418,6 +422,7 @@ void rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t dim, const uint16_t 
         for (int64_t i = 0; i < dim; i++)
             y[i] = round_bf16(widen_bf16(w[i]) * widen_bf16(round_bf16(widen_bf16(x[i]) * inv)));
     }
+    return 0;
 }
 
 /* ---- A whole MLA/DSA decoder layer's decode step in three calls (openglm/model/decode_step.py drives them) ----
@@ -426,7 +431,7 @@ void rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t dim, const uint16_t 
    top-k; mla_decode_attend: attention over the selected latent rows, W_uv, o_proj, the residual and the
    post-attention norm) and its MLP or MoE as one (ffn_decode). Each weight is streamed once for all rows.
    Activations are fp32; in a bf16 model every value the torch path holds in bf16 is rounded to bf16 at the same
-   point (`act`), so the two paths agree up to summation order. Keys are read where the cache holds them. */
+   point (`in_act_dtype`), so the two paths agree up to summation order. Keys are read where the cache holds them. */
 
 typedef struct {  /* a weight [rows, cols] of type `type` (per head: head_stride elements apart); int8 row scales */
     const void *w; const float *scale; int64_t type, rows, cols, head_stride, scale_head_stride;
@@ -452,8 +457,11 @@ static inline int64_t slot_of(const CacheRows *c, int64_t r, int64_t i) {
 static inline float vec_at(const void *v, int bf16, int64_t i) {
     return bf16 ? widen_bf16(((const uint16_t *)v)[i]) : ((const float *)v)[i];
 }
-static inline float act1(float f, int bf16) { return bf16 ? widen_bf16(round_bf16(f)) : f; }
-static void act(float *x, int64_t n, int bf16) { if (bf16) for (int64_t i = 0; i < n; i++) x[i] = act1(x[i], 1); }
+/* A value as the torch path holds it: rounded to bf16 in a bf16 model (kept in fp32 here), else as is. */
+static inline float in_act_dtype(float f, int bf16) { return bf16 ? widen_bf16(round_bf16(f)) : f; }
+static void round_to_act_dtype(float *x, int64_t n, int bf16) {
+    if (bf16) for (int64_t i = 0; i < n; i++) x[i] = in_act_dtype(x[i], 1);
+}
 static void load_row(const void *src, int bf16, int64_t n, float *dst) {
     if (!bf16) { memcpy(dst, src, n * sizeof(float)); return; }
     int64_t i = 0;
@@ -475,7 +483,7 @@ static void rmsnorm(const float *x, int64_t dim, const void *w, int bf16, float 
     float ss = 0.0f;
     for (int64_t i = 0; i < dim; i++) ss += x[i] * x[i];
     const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-    for (int64_t i = 0; i < dim; i++) y[i] = act1(vec_at(w, bf16, i) * act1(x[i] * inv, bf16), bf16);
+    for (int64_t i = 0; i < dim; i++) y[i] = in_act_dtype(vec_at(w, bf16, i) * in_act_dtype(x[i] * inv, bf16), bf16);
 }
 static void layernorm(const float *x, int64_t dim, const void *w, const void *b, int bf16, float eps, float *y) {
     float mean = 0.0f, var = 0.0f;
@@ -483,21 +491,28 @@ static void layernorm(const float *x, int64_t dim, const void *w, const void *b,
     mean /= (float)dim;
     for (int64_t i = 0; i < dim; i++) var += (x[i] - mean) * (x[i] - mean);
     const float inv = 1.0f / sqrtf(var / (float)dim + eps);
-    for (int64_t i = 0; i < dim; i++) y[i] = act1((x[i] - mean) * inv * vec_at(w, bf16, i) + vec_at(b, bf16, i), bf16);
+    for (int64_t i = 0; i < dim; i++)
+        y[i] = in_act_dtype((x[i] - mean) * inv * vec_at(w, bf16, i) + vec_at(b, bf16, i), bf16);
 }
 /* Interleaved pairs (x[2i], x[2i+1]) times the complex rot[i] (its scale included), i < pairs. */
 static void rope_pairs(float *x, const float *rot, int64_t pairs, int bf16) {
     for (int64_t i = 0; i < pairs; i++) {
         const float a = x[2 * i], b = x[2 * i + 1], c = rot[2 * i], s = rot[2 * i + 1];
-        x[2 * i] = act1(a * c - b * s, bf16);
-        x[2 * i + 1] = act1(a * s + b * c, bf16);
+        x[2 * i] = in_act_dtype(a * c - b * s, bf16);
+        x[2 * i + 1] = in_act_dtype(a * s + b * c, bf16);
     }
 }
-/* y [n, m->rows] = x [n, m->cols] times head `head` of m, transposed; x rows x_stride apart, y rows y_stride apart. */
+/* Whether a weight is one rows_times_weight reads for n rows and has the shape [rows, cols]. */
+static int mat_ok(const Mat *m, int64_t n, int64_t rows, int64_t cols) {
+    return m->w && m->rows == rows && m->cols == cols && rows_ok(n, rows, cols, (int)m->type, m->scale);
+}
+
+/* y [n, m->rows] = x [n, m->cols] times head `head` of m, transposed; x rows x_stride apart, y rows y_stride apart.
+   Returns 0, or KERNEL_NO_MEMORY (y not written) when a buffer for strided rows cannot be allocated. */
 static int mat_rows(const Mat *m, int64_t head, const float *x, int64_t x_stride, int64_t n, float *y, int64_t y_stride) {
     const int copy_x = x_stride != m->cols, copy_y = y_stride != m->rows;
     float *tmp = copy_x || copy_y ? malloc(sizeof(float) * n * (m->cols + m->rows)) : NULL;
-    if ((copy_x || copy_y) && !tmp) return -1;
+    if ((copy_x || copy_y) && !tmp) return KERNEL_NO_MEMORY;
     const float *xi = x;
     if (copy_x) {
         for (int64_t r = 0; r < n; r++) memcpy(tmp + r * m->cols, x + r * x_stride, m->cols * sizeof(float));
@@ -511,82 +526,6 @@ static int mat_rows(const Mat *m, int64_t head, const float *x, int64_t x_stride
     free(tmp);
     return 0;
 }
-static inline float dot(const float *a, const float *b, int64_t n) {
-    v16 acc = {0};
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) acc += load_f32(a + i) * load_f32(b + i);
-    float s = hsum16(acc);
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-/* The k-th largest of a[0..n) (1 <= k <= n), reordering a: quickselect, expected O(n) (a sort of 64K scores took
-   ~5 ms a layer). NaN-free input. */
-static float kth_largest(float *a, int64_t n, int64_t k) {
-    int64_t lo = 0, hi = n - 1, want = k - 1;
-    while (lo < hi) {
-        const float pivot = a[lo + (hi - lo) / 2];
-        int64_t i = lo, j = hi;
-        while (i <= j) {  /* descending: larger values to the left */
-            while (a[i] > pivot) i++;
-            while (a[j] < pivot) j--;
-            if (i <= j) { const float t = a[i]; a[i] = a[j]; a[j] = t; i++; j--; }
-        }
-        if (want <= j) hi = j; else if (want >= i) lo = i; else return a[want];
-    }
-    return a[want];
-}
-/* The scores of s[0..n) at or above `bound`, in order, into cand and (at not NULL) their indices into at; returns how
-   many. */
-static int64_t scores_at_least(const float *s, int64_t n, float bound, float *cand, int32_t *at) {
-    int64_t m = 0, i = 0;
-#if defined(__AVX512F__)
-    const __m512 b = _mm512_set1_ps(bound);
-    for (; i + 16 <= n; i += 16)  /* 16 compares at a time; the few hits one by one */
-        for (__mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(s + i), b, _CMP_GE_OQ); hit; hit &= hit - 1) {
-            const int j = __builtin_ctz(hit);
-            cand[m] = s[i + j];
-            if (at) at[m] = (int32_t)(i + j);
-            m++;
-        }
-#endif
-    for (; i < n; i++) {  /* branch-free: m <= i, in bounds */
-        cand[m] = s[i];
-        if (at) at[m] = (int32_t)i;
-        m += s[i] >= bound;
-    }
-    return m;
-}
-
-/* The k-th largest of s[0..n) (k <= n); work: 2n floats. A long row selects among the scores at or above a bound
-   taken from every 8th score (one compare pass over the row: 64K scores ~0.12 -> ~0.02 ms). */
-static float kth_best(const float *s, int64_t n, int64_t k, float *work) {
-    float *sel = work + n;
-    int64_t m = 0;
-    if (n >= 32 * k) {
-        for (int64_t i = 0; i < n; i += 8) sel[m++] = s[i];
-        const float bound = kth_largest(sel, m, 2 * k / 8 + 1);  /* ~ the 2k-th largest: below the k-th */
-        m = scores_at_least(s, n, bound, work, NULL);
-    }
-    if (m < k) {  /* a short row, or too few above the bound: every score is a candidate */
-        memcpy(work, s, n * sizeof(float));
-        m = n;
-    }
-    return kth_largest(work, m, k);  /* every score >= the k-th is >= the bound: all are candidates */
-}
-
-/* The k best of the scores s[0..n) of keys at[0..n) (at NULL: keys 0..n-1; ascending either way) as ascending slots
-   into out (k < n); work: 2n floats. Returns 1, writing nothing, when the k-th score is tied beyond the places left:
-   which tied keys win is then torch.topk's choice, made by the caller. */
-static int top_slots(const float *s, const int32_t *at, int64_t n, int64_t k, float *work, int64_t *out) {
-    const float kth = kth_best(s, n, k, work);
-    int64_t above = 0, equal = 0;
-    for (int64_t i = 0; i < n; i++) { above += s[i] > kth; equal += s[i] == kth; }
-    if (above + equal > k) return 1;
-    for (int64_t i = 0, j = 0; i < n; i++) if (s[i] >= kth) out[j++] = at ? at[i] : i;
-    return 0;
-}
-
 /* Adjacent lanes summed: lanes 0-7 hold a's pair sums, 8-15 b's. Levels of it over 2^L vectors sum runs of 2^L lanes
    and keep their order: four levels over 16 vectors leave one whose lane i is the sum of vector i. */
 static inline v16 pairsum(v16 a, v16 b) {
@@ -789,11 +728,11 @@ static float kth_from_block_max(const float *lo, int64_t n, float *bmax, int64_t
         for (int64_t b = g * per + 1; b < (g + 1) * per && b < nb; b++) mx = fmaxf(mx, bmax[b]);
         bmax[g] = mx;
     }
-    const int64_t m = scores_at_least(lo, n, kth_largest(bmax, groups, k), work, NULL);
+    const int64_t m = at_least(lo, n, kth_largest(bmax, groups, k), work, NULL);
     return m >= k ? kth_largest(work, m, k) : NAN;
 }
 
-/* `top_slots` for row r's nk keys through the shadow: 0 (out written), 1 (the k-th exact score is tied beyond the
+/* `top_k_slots` for row r's nk keys through the shadow: 0 (out written), 1 (the k-th exact score is tied beyond the
    places left), -1 (no bounds for this row, or a NaN: the caller scores every key). For rows with a head weight > 0
    (with none, every key with no positive dot ties at 0: the caller's business). work: 4 nk floats. */
 static int64_t path_count[2];  /* selections made by `shadow_top_slots` and `first_zero_slots` (tests check they ran) */
@@ -823,16 +762,19 @@ static int shadow_top_slots(const CacheRows *c, int64_t r, int64_t nk, int64_t k
     const float floor_k = kth_from_block_max(lo, nk, bmax, nb, k, tmp);  /* at least k keys score >= this */
     if (floor_k != floor_k) return -1;
     int32_t *at = (int32_t *)lo;
-    const int64_t m = scores_at_least(up, nk, floor_k, tmp, at);
+    const int64_t m = at_least(up, nk, floor_k, tmp, at);
     /* a NaN, or bounds too wide to pay: rescoring a chosen key costs ~2.5x one of the full scan's */
     if (m < k || m > nk / 3) return -1;
     float *exact = up;
     index_scores(c, r, at, 0, m, q, w, ih, id, exact);
-    if (top_slots(exact, at, m, k, tmp, out)) return 1;  /* every key tied at the k-th score is a candidate */
+    /* every key tied at the k-th score is a candidate; tmp has room for 2m (m <= nk / 3) */
+    if (top_k_slots(exact, at, m, k, out, tmp, tmp + m)) return 1;
     __atomic_fetch_add(&path_count[0], 1, __ATOMIC_RELAXED);
     return 0;
 }
-int64_t path_selections(int64_t path) { return __atomic_load_n(&path_count[path & 1], __ATOMIC_RELAXED); }
+int64_t path_selections(int64_t path) {  /* KERNEL_BAD_ARGS for a path other than 0 or 1 */
+    return path == 0 || path == 1 ? __atomic_load_n(&path_count[path], __ATOMIC_RELAXED) : KERNEL_BAD_ARGS;
+}
 
 /* A row whose index head weights are all <= 0 scores every key <= 0 (a random-weight indexer: 1 row in 16 with 4
    heads), and when at least k keys score exactly 0, their maximum, torch.topk over n >= 64 k scores (a partial sort:
@@ -856,27 +798,46 @@ static int nonpositive(const float *w, int64_t n) {
     for (int64_t i = 0; i < n; i++) if (!(w[i] <= 0.0f)) return 0;
     return 1;
 }
+/* The layer parameters mla_decode_select / mla_decode_attend take for n rows: sizes within MAX_ROWS / STEP_MAX_WIDTH
+   (their stack buffers), an even rope width within the indexer's, and every weight of the shape the sizes imply. */
+static int mla_ok(const MlaLayer *L, const CacheRows *c, int64_t n) {
+    const int64_t H = L->heads, ih = L->idx_heads, id = L->idx_dim, own = L->own_indexer;
+    if (n < 1 || n > MAX_ROWS || L->hidden > STEP_MAX_WIDTH || L->rank > STEP_MAX_WIDTH || L->q_lora > STEP_MAX_WIDTH
+        || H < 1 || L->nope < 0 || L->v_dim < 1 || L->rope < 0 || L->rope % 2 || (own && !c->ik))
+        return 0;
+    if (own && (ih < 1 || id < L->rope || ih * id > STEP_MAX_WIDTH || !L->ln_w || !L->ln_b)) return 0;
+    const int64_t in_rows = L->q_lora + L->rank + L->rope + (own ? id + (L->w_iw.w ? 0 : ih) : 0);
+    const int64_t q_rows = H * (L->nope + L->rope) + (own ? ih * id : 0);
+    for (int64_t r = 0; r < n; r++) if (c->row_keys[r] < 1) return 0;
+    return mat_ok(&L->w_in, n, in_rows, L->hidden) && mat_ok(&L->w_q, n, q_rows, L->q_lora)
+        && mat_ok(&L->w_uk, n, L->rank, L->nope) && mat_ok(&L->w_uv, n, L->v_dim, L->rank)
+        && mat_ok(&L->w_o, n, L->hidden, H * L->v_dim) && (!L->w_iw.w || mat_ok(&L->w_iw, n, ih, L->hidden))
+        && L->n_in && L->n_q && L->n_kv && L->n_post && c->kv && c->pe && c->row_base && c->row_keys && c->write;
+}
+
 /* Phase one (n <= MAX_ROWS rows). h [n, hidden] in the model dtype; rot [n, rope/2] complex; state [n, heads,
    rank + rope] receives the absorbed, roped queries. The new kv / k_pe / indexer key of each row go to its write
    slot. With an own indexer: slots [n, topk] its selection (ascending, -1 pads) and, for a row whose k-th score is
-   tied, tied[r] = 1 and its index scores in scores [n, score_stride]. Returns the number of tied rows, -1 if out of
-   memory. */
+   tied, tied[r] = 1 and its index scores in scores [n, score_stride]. Returns the number of tied rows,
+   KERNEL_BAD_ARGS (nothing written: see mla_ok, and score_stride below a row's key count), or KERNEL_NO_MEMORY. */
 int64_t mla_decode_select(const MlaLayer *L, const CacheRows *c, int64_t n, const void *h, const float *rot,
                           float *state, int64_t *slots, float *scores, int64_t score_stride, uint8_t *tied) {
+    if (!mla_ok(L, c, n) || (L->own_indexer && (!slots || !scores || !tied))) return KERNEL_BAD_ARGS;
+    for (int64_t r = 0; r < n && L->own_indexer; r++) if (c->row_keys[r] > score_stride) return KERNEL_BAD_ARGS;
     const int b16 = (int)L->act_bf16, vb = (int)L->vec_bf16;
     const int64_t H = L->heads, qk = L->nope + L->rope, dq = L->rank + L->rope, ih = L->idx_heads, id = L->idx_dim;
     const int64_t D = L->hidden, n_in = L->w_in.rows, n_q = L->w_q.rows, P = L->rope / 2;
     const int64_t kv_at = L->q_lora, pe_at = kv_at + L->rank, ik_at = pe_at + L->rope;
     float *buf = malloc(sizeof(float) * n * (2 * D + n_in + L->q_lora + n_q + ih * id + ih + H * L->rank + id));
-    if (!buf) return -1;
+    if (!buf) return KERNEL_NO_MEMORY;
     float *hf = buf, *x = hf + n * D, *y = x + n * D, *qr = y + n * n_in, *z = qr + n * L->q_lora;
     float *iq = z + n * n_q, *iw = iq + n * ih * id, *lat = iw + n * ih, *key = lat + n * H * L->rank;
     for (int64_t r = 0; r < n; r++) {
         load_row(row_at((void *)h, r, D, b16), b16, D, hf + r * D);
         rmsnorm(hf + r * D, D, L->n_in, vb, L->eps, x + r * D);
     }
-    mat_rows(&L->w_in, 0, x, D, n, y, n_in);
-    act(y, n * n_in, b16);
+    if (mat_rows(&L->w_in, 0, x, D, n, y, n_in)) goto no_memory;
+    round_to_act_dtype(y, n * n_in, b16);
     for (int64_t r = 0; r < n; r++) {
         float *yr = y + r * n_in;
         rmsnorm(yr, L->q_lora, L->n_q, vb, L->eps_q, qr + r * L->q_lora);
@@ -886,11 +847,11 @@ int64_t mla_decode_select(const MlaLayer *L, const CacheRows *c, int64_t n, cons
         rope_pairs(yr + pe_at, rot + r * L->rope, P, b16);
         store_row(yr + pe_at, (int)c->kv_bf16, L->rope, row_at(c->pe, c->write[r], c->pe_stride, (int)c->kv_bf16));
     }
-    mat_rows(&L->w_q, 0, qr, L->q_lora, n, z, n_q);
-    act(z, n * n_q, b16);
+    if (mat_rows(&L->w_q, 0, qr, L->q_lora, n, z, n_q)) goto no_memory;
+    round_to_act_dtype(z, n * n_q, b16);
     for (int64_t hd = 0; hd < H; hd++)  /* absorb W_uk: one pass over each head's weight for all rows */
-        mat_rows(&L->w_uk, hd, z + hd * qk, n_q, n, lat + hd * L->rank, H * L->rank);
-    act(lat, n * H * L->rank, b16);
+        if (mat_rows(&L->w_uk, hd, z + hd * qk, n_q, n, lat + hd * L->rank, H * L->rank)) goto no_memory;
+    round_to_act_dtype(lat, n * H * L->rank, b16);
     for (int64_t r = 0; r < n; r++)
         for (int64_t hd = 0; hd < H; hd++) {
             float *st = state + (r * H + hd) * dq;
@@ -899,7 +860,7 @@ int64_t mla_decode_select(const MlaLayer *L, const CacheRows *c, int64_t n, cons
             rope_pairs(st + L->rank, rot + r * L->rope, P, b16);
         }
     if (!L->own_indexer) { free(buf); return 0; }
-    if (L->w_iw.w) mat_rows(&L->w_iw, 0, x, D, n, iw, ih);
+    if (L->w_iw.w && mat_rows(&L->w_iw, 0, x, D, n, iw, ih)) goto no_memory;
     for (int64_t r = 0; r < n; r++) {
         float *k = y + r * n_in + ik_at;
         layernorm(k, id, L->ln_w, L->ln_b, vb, L->eps_idx, key);
@@ -923,7 +884,7 @@ int64_t mla_decode_select(const MlaLayer *L, const CacheRows *c, int64_t n, cons
         if (nk <= L->topk) continue;
         float *s = scores + r * score_stride, *work = malloc(sizeof(float) * 4 * nk);
         const float *q = iq + r * ih * id, *w = iw + r * ih;
-        if (!work) { n_tied = -1; break; }
+        if (!work) goto no_memory;
         int res;  /* 0: out written; 1: tied (every score in s, for the caller's tie-break); -1: every score in s */
         const int no_positive_weight = nonpositive(w, ih);
         if (no_positive_weight && nk >= 64 * L->topk) {
@@ -933,25 +894,31 @@ int64_t mla_decode_select(const MlaLayer *L, const CacheRows *c, int64_t n, cons
                 ? shadow_top_slots(c, r, nk, L->topk, q, w, ih, id, work, out) : -1;
             if (res != 0) index_scores(c, r, NULL, 0, nk, q, w, ih, id, s);
         }
-        if (res < 0) res = top_slots(s, NULL, nk, L->topk, work, out);
+        if (res < 0) res = top_k_slots(s, NULL, nk, L->topk, out, work, work + nk);
         if (res) { tied[r] = 1; n_tied++; }
         free(work);
     }
     free(buf);
     return n_tied;
+no_memory:
+    free(buf);
+    return KERNEL_NO_MEMORY;
 }
 
 /* Phase two: each row attends over its selected keys (slots [n, n_slots], -1 unused; NULL: every key it sees), then
    W_uv and o_proj; h (in place, model dtype) += o_proj(o); x [n, hidden] fp32 = the post-attention norm of h.
-   Returns 0, or -1 if out of memory. */
+   Returns 0, KERNEL_BAD_ARGS (nothing written: see mla_ok, and a slot past its row's keys) or KERNEL_NO_MEMORY. */
 int mla_decode_attend(const MlaLayer *L, const CacheRows *c, int64_t n, void *h, const float *state,
                       const int64_t *slots, int64_t n_slots, float *x) {
+    if (!mla_ok(L, c, n) || n_slots < 0) return KERNEL_BAD_ARGS;
+    for (int64_t r = 0; r < n && slots; r++)
+        for (int64_t j = 0; j < n_slots; j++) if (slots[r * n_slots + j] >= c->row_keys[r]) return KERNEL_BAD_ARGS;
     const int b16 = (int)L->act_bf16;
     const int64_t H = L->heads, dq = L->rank + L->rope, D = L->hidden, R = L->rank;
     int64_t most = n_slots;
     for (int64_t r = 0; r < n && !slots; r++) most = c->row_keys[r] > most ? c->row_keys[r] : most;
     float *buf = malloc(sizeof(float) * (H * most + n * H * R + n * H * L->v_dim + n * D + dq + 16));
-    if (!buf) return -1;
+    if (!buf) return KERNEL_NO_MEMORY;
     float *sc = buf, *ol = sc + H * most, *ov = ol + n * H * R, *a = ov + n * H * L->v_dim, *key = a + n * D;
     memset(ol, 0, sizeof(float) * n * H * R);
     for (int64_t r = 0; r < n; r++) {
@@ -971,7 +938,7 @@ int mla_decode_attend(const MlaLayer *L, const CacheRows *c, int64_t n, void *h,
             float *p = sc + hd * most, m = -INFINITY, sum = 0.0f;
             for (int64_t j = 0; j < used; j++) m = p[j] > m ? p[j] : m;
             for (int64_t j = 0; j < used; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
-            for (int64_t j = 0; j < used; j++) p[j] = act1(p[j] / sum, b16);
+            for (int64_t j = 0; j < used; j++) p[j] = in_act_dtype(p[j] / sum, b16);
         }
         for (int64_t j = 0, u = 0; j < nk; j++) {  /* o_lat[h] = sum_j p[h, j] kv_j */
             const int64_t i = slots ? slots[r * n_slots + j] : j;
@@ -985,22 +952,25 @@ int mla_decode_attend(const MlaLayer *L, const CacheRows *c, int64_t n, void *h,
             u++;
         }
     }
-    act(ol, n * H * R, b16);
+    round_to_act_dtype(ol, n * H * R, b16);
     for (int64_t hd = 0; hd < H; hd++)  /* un-absorb W_uv, one pass over each head's weight for all rows */
-        mat_rows(&L->w_uv, hd, ol + hd * R, H * R, n, ov + hd * L->v_dim, H * L->v_dim);
-    act(ov, n * H * L->v_dim, b16);
-    mat_rows(&L->w_o, 0, ov, H * L->v_dim, n, a, D);
+        if (mat_rows(&L->w_uv, hd, ol + hd * R, H * R, n, ov + hd * L->v_dim, H * L->v_dim)) goto no_memory;
+    round_to_act_dtype(ov, n * H * L->v_dim, b16);
+    if (mat_rows(&L->w_o, 0, ov, H * L->v_dim, n, a, D)) goto no_memory;
     for (int64_t r = 0; r < n; r++) {
         void *hr = row_at(h, r, D, b16);
         float *hf = x + r * D;  /* the new residual, then normed in place through a copy */
         float res[D];
         load_row(hr, b16, D, res);
-        for (int64_t t = 0; t < D; t++) res[t] = act1(res[t] + act1(a[r * D + t], b16), b16);
+        for (int64_t t = 0; t < D; t++) res[t] = in_act_dtype(res[t] + in_act_dtype(a[r * D + t], b16), b16);
         store_row(res, b16, D, hr);
         rmsnorm(res, D, L->n_post, (int)L->vec_bf16, L->eps, hf);
     }
     free(buf);
     return 0;
+no_memory:
+    free(buf);
+    return KERNEL_NO_MEMORY;
 }
 
 typedef struct {
@@ -1054,65 +1024,92 @@ static void route(const FfnLayer *F, const float *logits, int64_t *chosen, float
     for (int64_t t = 0; t < k; t++) gates[t] = (F->norm_topk ? gates[t] / (total + 1e-20f) : gates[t]) * F->scaling;
 }
 
+/* The FFN parameters ffn_decode takes for n rows: sizes within MAX_ROWS / STEP_MAX_WIDTH (its stack buffers), the
+   router's groups as router.py's (E a multiple of n_group, >= 2 experts a group, top_k within the kept groups), and
+   every weight of the shape the sizes imply. */
+static int ffn_ok(const FfnLayer *F, int64_t n) {
+    const int64_t D = F->hidden, E = F->n_experts, G = F->n_group;
+    if (n < 1 || n > MAX_ROWS || D < 16 || D > STEP_MAX_WIDTH || (!F->router.w && !F->s_gu.w)) return 0;
+    if (F->router.w) {
+        if (E < 1 || E > STEP_MAX_WIDTH || F->top_k < 1 || F->top_k > E || G < 1 || E % G || F->topk_group < 1
+            || F->topk_group > G || (G > 1 && (E / G < 2 || F->top_k > E / G * F->topk_group)))
+            return 0;
+        if (!mat_ok(&F->router, n, E, D) || !F->gate_up || !F->down || (!F->softmax_router && !F->bias)
+            || !rows_ok(n, 2 * F->inter, D, (int)F->wtype, F->gu_scale)
+            || !rows_ok(n, D, F->inter, (int)F->wtype, F->down_scale))
+            return 0;
+    }
+    return !F->s_gu.w || (mat_ok(&F->s_down, n, D, F->s_down.cols) && mat_ok(&F->s_gu, n, 2 * F->s_down.cols, D));
+}
+
 /* The SwiGLU of one weight set over rows xs [n, hidden] (n <= MAX_ROWS) into ys [n, hidden], rounded as the torch
-   path's output (its activation stays fp32, as experts_swiglu's). */
-static void swiglu_rows(const Mat *gu, const Mat *dn, const float *xs, int64_t n, float *work, float *ys, int bf16) {
+   path's output (its activation stays fp32, as experts_swiglu's). Returns 0 or KERNEL_NO_MEMORY (as mat_rows). */
+static int swiglu_rows(const Mat *gu, const Mat *dn, const float *xs, int64_t n, float *work, float *ys, int bf16) {
     const int64_t I = dn->cols;
-    mat_rows(gu, 0, xs, gu->cols, n, work, gu->rows);
+    if (mat_rows(gu, 0, xs, gu->cols, n, work, gu->rows)) return KERNEL_NO_MEMORY;
     float *a = work + n * 2 * I;
     for (int64_t r = 0; r < n; r++)
         for (int64_t i = 0; i < I; i++) {
             const float g = work[r * 2 * I + i], u = work[r * 2 * I + I + i];
             a[r * I + i] = g / (1.0f + expf(-g)) * u;
         }
-    mat_rows(dn, 0, a, I, n, ys, dn->rows);
-    act(ys, n * dn->rows, bf16);
+    if (mat_rows(dn, 0, a, I, n, ys, dn->rows)) return KERNEL_NO_MEMORY;
+    round_to_act_dtype(ys, n * dn->rows, bf16);
+    return 0;
 }
 
 /* The MLP half of a decoder layer for n <= MAX_ROWS rows: x [n, hidden] fp32 (the post-attention norm), h [n,
    hidden] in the model dtype, updated in place: h += routed experts (router, top-k, gates) + shared experts, or
-   h += the dense MLP. Returns 0, or -1 if out of memory. */
+   h += the dense MLP. Returns 0, KERNEL_BAD_ARGS (nothing written: see ffn_ok) or KERNEL_NO_MEMORY. */
 int ffn_decode(const FfnLayer *F, int64_t n, void *h, const float *x) {
+    if (!ffn_ok(F, n)) return KERNEL_BAD_ARGS;
     const int b16 = (int)F->act_bf16;
     const int64_t D = F->hidden, E = F->n_experts, k = F->top_k;
     const int64_t I = F->inter > F->s_down.cols ? F->inter : F->s_down.cols;
     float *buf = malloc(sizeof(float) * (2 * n * D + MAX_ROWS * (D + 3 * I + D) + n * (E + 2 * k) + 1));
-    if (!buf) return -1;
+    if (!buf) return KERNEL_NO_MEMORY;
     float *out = buf, *shared = out + n * D, *xs = shared + n * D, *work = xs + MAX_ROWS * D;
     float *ys = work + MAX_ROWS * 3 * I, *logits = ys + MAX_ROWS * D, *gates = logits + n * E;
     int64_t chosen[n * k + 1];
     memset(out, 0, sizeof(float) * n * D);
     if (F->router.w) {
-        mat_rows(&F->router, 0, x, D, n, logits, E);
+        if (mat_rows(&F->router, 0, x, D, n, logits, E)) goto no_memory;
         for (int64_t r = 0; r < n; r++) route(F, logits + r * E, chosen + r * k, gates + r * k);
         for (int64_t e = 0; e < E; e++) {  /* each hit expert once, over all its rows */
             int64_t rows[MAX_ROWS * 8], slot[MAX_ROWS * 8], m = 0;
             for (int64_t r = 0; r < n; r++)
                 for (int64_t t = 0; t < k; t++)
-                    if (chosen[r * k + t] == e) { rows[m] = r; slot[m] = r * k + t; memcpy(xs + m * D, x + r * D, D * sizeof(float)); m++; }
+                    if (chosen[r * k + t] == e) {
+                        rows[m] = r; slot[m] = r * k + t;
+                        memcpy(xs + m * D, x + r * D, D * sizeof(float));
+                        m++;
+                    }
             if (!m) continue;
             const int64_t sz = w_size((int)F->wtype);
-            const Mat gu = {(const char *)F->gate_up + e * 2 * F->inter * D * sz, F->gu_scale ? F->gu_scale + e * 2 * F->inter : NULL,
-                            F->wtype, 2 * F->inter, D, 0, 0};
+            const Mat gu = {(const char *)F->gate_up + e * 2 * F->inter * D * sz,
+                            F->gu_scale ? F->gu_scale + e * 2 * F->inter : NULL, F->wtype, 2 * F->inter, D, 0, 0};
             const Mat dn = {(const char *)F->down + e * D * F->inter * sz, F->down_scale ? F->down_scale + e * D : NULL,
                             F->wtype, D, F->inter, 0, 0};
-            swiglu_rows(&gu, &dn, xs, m, work, ys, b16);
+            if (swiglu_rows(&gu, &dn, xs, m, work, ys, b16)) goto no_memory;
             for (int64_t j = 0; j < m; j++)
                 for (int64_t t = 0; t < D; t++) out[rows[j] * D + t] += gates[slot[j]] * ys[j * D + t];
         }
-        act(out, n * D, b16);
+        round_to_act_dtype(out, n * D, b16);
     }
     if (F->s_gu.w) {
-        swiglu_rows(&F->s_gu, &F->s_down, x, n, work, shared, b16);
-        for (int64_t i = 0; i < n * D; i++) out[i] = act1(out[i] + shared[i], b16);
+        if (swiglu_rows(&F->s_gu, &F->s_down, x, n, work, shared, b16)) goto no_memory;
+        for (int64_t i = 0; i < n * D; i++) out[i] = in_act_dtype(out[i] + shared[i], b16);
     }
     for (int64_t r = 0; r < n; r++) {
         void *hr = row_at(h, r, D, b16);
         float res[D];
         load_row(hr, b16, D, res);
-        for (int64_t t = 0; t < D; t++) res[t] = act1(res[t] + out[r * D + t], b16);
+        for (int64_t t = 0; t < D; t++) res[t] = in_act_dtype(res[t] + out[r * D + t], b16);
         store_row(res, b16, D, hr);
     }
     free(buf);
     return 0;
+no_memory:
+    free(buf);
+    return KERNEL_NO_MEMORY;
 }

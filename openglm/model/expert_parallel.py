@@ -2,7 +2,8 @@
 
 `parallelize` code swaps `layer.mlp.experts` for one of these (the MoE layer, its router and the
 single-process `Experts` stay untouched), torchtitan-style. Both keep the same call signature,
-`forward(x, indices, weights, capacity) -> (out, dropped)`, and reuse `Experts._grouped` for the math.
+`forward(x, indices, weights, capacity, ops) -> (out, dropped)`, and run the local experts' SwiGLUs as `ops.experts`
+(the forward's paths, `fast.py`).
 
 - `AllToAllExperts` (training: every rank has its own tokens). Each rank sorts its (token, expert)
   assignments by expert, sends every expert's rows to the rank that owns it (one all-to-all, with a
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
 
+from openglm.model import fast
 from openglm.model.moe import Experts
 
 
@@ -31,7 +33,7 @@ def _local_copy(full: Experts, lo: int, hi: int, into: nn.Module) -> None:
     """Give `into` the stacked weights of experts [lo, hi) of `full` (copies: the full set is freed)."""
     into.gate_up_proj = nn.Parameter(full.gate_up_proj.detach()[lo:hi].clone())
     into.down_proj = nn.Parameter(full.down_proj.detach()[lo:hi].clone())
-    into.act = full.act
+    into.act, into.limit = full.act, full.limit
 
 
 class AllToAllExperts(Experts):
@@ -44,7 +46,7 @@ class AllToAllExperts(Experts):
         self.capacity_factor, self.top_k = capacity_factor, top_k
         _local_copy(full, self.first, self.first + self.n_local, self)
 
-    def forward(self, x, indices, weights, capacity: int | None = None):
+    def forward(self, x, indices, weights, capacity: int | None = None, ops: fast.Reference | None = None):
         N, k = indices.shape
         flat = indices.reshape(-1)
         order = torch.argsort(flat, stable=True)  # assignments by expert (hence by owning rank), token order inside
@@ -57,7 +59,7 @@ class AllToAllExperts(Experts):
         rows = x.index_select(0, order // k)
         recv = _all_to_all(rows, recv_split, send_split, self.group)
         by_expert, kept_counts, dropped = self._expert_major(recv_counts, N, capacity is not None)
-        ys = self._grouped(recv.index_select(0, by_expert), kept_counts)
+        ys = (ops or fast.choose(x)).experts(self, recv.index_select(0, by_expert), kept_counts)
         # back to the received (source-major) order; dropped rows stay zero
         back = torch.zeros_like(recv).index_copy(0, by_expert, ys)
         out_rows = _all_to_all(back, send_split, recv_split, self.group)
@@ -109,7 +111,7 @@ class ReplicatedTokenExperts(Experts):
         self.first = self.shard * self.n_local
         _local_copy(full, self.first, self.first + self.n_local, self)
 
-    def forward(self, x, indices, weights, capacity: int | None = None):
+    def forward(self, x, indices, weights, capacity: int | None = None, ops: fast.Reference | None = None):
         N, k = indices.shape
         flat = indices.reshape(-1)
         kept, dropped = _capacity_mask(flat, self.n_experts, capacity)
@@ -121,7 +123,7 @@ class ReplicatedTokenExperts(Experts):
         local = flat[picked] - self.first
         picked = picked[torch.argsort(local, stable=True)]
         counts = torch.bincount(local, minlength=self.n_local).tolist()
-        ys = self._grouped(x.index_select(0, token[picked]), counts)
+        ys = (ops or fast.choose(x)).experts(self, x.index_select(0, token[picked]), counts)
         out = torch.zeros_like(x).index_add_(0, token[picked], ys * weights.reshape(-1)[picked, None].to(ys.dtype))
         dist.all_reduce(out, group=self.group)
         return out, dropped

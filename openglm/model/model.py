@@ -1,10 +1,19 @@
-"""The GLM decoder (`GlmMoeDsaForCausalLM`, for every model type of ModelConfig): embeddings, attention
-(MLA/DSA for glm_moe_dsa, MLA for glm4_moe_lite, GQA for glm4_moe) + MoE layers, LM head, and the
-checkpoint's next-n (MTP) layers, run by `mtp_forward` (the trainer's MTP loss, the engine's speculative drafts).
+"""The GLM decoder (`GlmMoeDsaForCausalLM`, for every model family of ModelConfig): embeddings, the family's attention
+(`families.py`: MLA/DSA for glm_moe_dsa, MLA for glm4_moe_lite, GQA for glm4_moe) + MoE layers, LM head, and the
+checkpoint's next-n (MTP) layers.
+
+Its entries:
+- `forward(input_ids, attention_mask, position_ids, cache)`: the logits of every position (`CausalLMOutput`);
+  training asks for what its loss needs: `aux=True`, the MoE statistics; `mtp=True`, next-n layer 0's logits
+  (inside forward, so FSDP's hooks cover it).
+- `hidden_states(...)`: every position's final-norm hidden state, no LM head; `logits(hidden)` then applies the head
+  to the positions a caller keeps (speculative verification, a long prefill's last position).
+- `mtp_forward(hidden, next_ids, ...)`: one next-n layer (the engine's speculative drafts), `mtp_logits` its logits.
+Each entry picks its paths once (`fast.choose`): the reference path, or the inference fast paths.
 
 Parameter names equal transformers' on-disk names except the routed experts, which are stored
 stacked, and the next-n layers, held as `model.mtp_layers.i` (on disk `model.layers.{num_hidden_layers + i}`;
-see openglm/model/weights.py for the one HF <-> native mapping).
+see openglm/model/hf_names.py for the HF <-> native mapping).
 """
 
 from __future__ import annotations
@@ -14,14 +23,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from openglm.model.attention import MLAttention
+from openglm.model import fast
 from openglm.model.config import ModelConfig
-from openglm.model.decode_step import DecodePlan
 from openglm.model.errors import TokenIdError
-from openglm.model.gqa import GQAttention
+from openglm.model.families import family_of
 from openglm.model.masks import key_validity
 from openglm.model.moe import MLP, MoE, Experts
-from openglm.model.native import linear
 from openglm.model.norm import RMSNorm
 from openglm.model.rope import RotaryEmbedding
 from openglm.model.router import Router
@@ -38,48 +45,28 @@ class MoEStats:
 @dataclass
 class CausalLMOutput:
     logits: torch.Tensor  # [B, T, vocab]
-    aux: MoEStats | None = None
-    hidden: torch.Tensor | None = None  # [B, T, hidden] after the final norm (return_hidden=True): the MTP input
-    mtp_logits: torch.Tensor | None = None  # [B, T-1, vocab]: next-n layer 0's prediction of token t+2 (return_mtp)
-
-
-class LMHead(nn.Linear):
-    """The output projection: an nn.Linear (same parameter, hooks and state_dict) whose fp32 decode
-    steps compute W @ x^T: with a handful of rows, MKL's sgemm streams the big [vocab, hidden] weight
-    ~1.7x faster as the left operand than as the transposed right one (bf16 runs through oneDNN, where
-    the plain form is the faster one)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        # A decode step's rows through decode_kernels.c (streams the cold weight); beyond 2 bf16 rows oneDNN's
-        # matmul wins (figures in docs/model.md, "Decode, issue 16").
-        native_rows = 8 if x.dtype == torch.float32 else 2
-        if (self.bias is None and x.dtype == self.weight.dtype and rows.shape[0] <= native_rows
-                and not torch.is_grad_enabled()):
-            return linear(x, self.weight)
-        if (x.dtype == torch.float32 and self.weight.dtype == torch.float32 and self.bias is None
-                and rows.shape[0] <= 64 and not torch.is_grad_enabled()):
-            return (self.weight @ rows.t()).t().contiguous().view(*x.shape[:-1], self.weight.shape[0])
-        return super().forward(x)
+    aux: MoEStats | None = None  # forward(..., aux=True)
+    mtp_logits: torch.Tensor | None = None  # [B, T-1, vocab]: next-n layer 0's prediction of token t+2 (mtp=True)
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
-        self.self_attn = (GQAttention if cfg.model_type == "glm4_moe" else MLAttention)(cfg, layer_idx)
-        self.mlp = MoE(cfg) if cfg.mlp_layer_types[layer_idx] == "sparse" else MLP(cfg)
+        self.self_attn = family_of(cfg.model_type).attention(cfg, layer_idx)
+        self.mlp = MoE(cfg, layer_idx) if cfg.mlp_layer_types[layer_idx] == "sparse" else MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h, rot, key_valid, past, cache, prev_selection, token_mask, with_stats):
-        a, selection = self.self_attn(self.input_layernorm(h), rot, key_valid, past, cache, prev_selection)
+    def forward(self, h, rot, key_valid, past, cache, prev_selection, token_mask, with_stats, ops: fast.Reference):
+        a, selection = self.self_attn(ops.norm(self.input_layernorm, h), rot, key_valid, past, cache, prev_selection,
+                                      ops)
         h = h + a
-        x = self.post_attention_layernorm(h)
+        x = ops.norm(self.post_attention_layernorm, h)
         stats = None
         if isinstance(self.mlp, MoE):
-            m, stats = self.mlp(x, token_mask, with_stats)
+            m, stats = self.mlp(x, token_mask, with_stats, cache, ops)
         else:
-            m = self.mlp(x)
+            m = self.mlp(x, ops)
         return h + m, selection, stats
 
 
@@ -106,11 +93,11 @@ class NextNLayer(DecoderLayer):
         self.eh_proj = nn.Linear(2 * H, H, bias=False)
         self.shared_head = SharedHead(cfg)
 
-    def mix(self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    def mix(self, embeds: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
+            ops: fast.Reference) -> torch.Tensor:
         embeds = embeds.masked_fill((position_ids == 0).unsqueeze(-1), 0.0)
-        mixed = torch.cat([self.enorm(embeds), self.hnorm(hidden.to(embeds.dtype))], dim=-1)
-        # Inference skips the module call, as o_proj does, so a draft step's rows take `linear`'s native path.
-        return self.eh_proj(mixed) if torch.is_grad_enabled() else linear(mixed, self.eh_proj.weight)
+        mixed = torch.cat([ops.norm(self.enorm, embeds), ops.norm(self.hnorm, hidden.to(embeds.dtype))], dim=-1)
+        return ops.linear(self.eh_proj, mixed)
 
 
 class GlmMoeDsaModel(nn.Module):
@@ -124,11 +111,14 @@ class GlmMoeDsaModel(nn.Module):
 
 
 class GlmMoeDsaForCausalLM(nn.Module):
+    model_class = GlmMoeDsaModel  # the decoder stack; a model type with other layers subclasses with its own
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.model = GlmMoeDsaModel(config)
-        self.lm_head = LMHead(config.hidden_size, config.vocab_size, bias=False)
+        self.model = self.model_class(config)
+        self.family = family_of(config.model_type)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         # Optional copies some checkpoints store inside a next-n layer (its embed_tokens, shared_head.head):
         # kept as loaded (HF name -> tensor) and written back on save.
         self.mtp_extra: dict[str, torch.Tensor] = {}
@@ -164,15 +154,57 @@ class GlmMoeDsaForCausalLM(nn.Module):
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, return_aux=False,
-                logits_to_keep: int = 0, return_hidden: bool = False, return_mtp: bool = False,
-                return_logits: bool = True):
-        """logits_to_keep: compute the logits of only the last n positions (0 = all; as in transformers): a
-        long prefill then skips the [T, vocab] matrix (2 GiB for 64K tokens of the small preset).
-        return_hidden: also return every position's final-norm hidden state (what the MTP layer reads).
-        return_mtp (training, no cache): also run next-n layer 0 over the sequence (inside forward, so FSDP's
-        hooks cover it); its MoE aux loss joins `aux.aux_loss`. return_logits=False (with return_hidden): no LM
-        head (speculative verification applies it to the positions it keeps)."""
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, *, aux: bool = False,
+                mtp: bool = False) -> CausalLMOutput:
+        """The logits of every position. Training asks for what its loss needs: `aux=True`, the MoE statistics
+        (`CausalLMOutput.aux`); `mtp=True` (no cache), next-n layer 0 over the sequence (`mtp_logits`; inside
+        forward, so FSDP's hooks cover it), whose MoE aux loss joins `aux.aux_loss`."""
+        h, stats, position_ids, ops = self._decoder(input_ids, attention_mask, position_ids, cache, aux)
+        normed = ops.norm(self.model.norm, h)
+        mtp_logits = None
+        if mtp:
+            if cache is not None or not self.model.mtp_layers:
+                raise ValueError("mtp=True needs a model with next-n layers and no cache")
+            mask = attention_mask[:, 1:] if attention_mask is not None else None
+            x, mtp_stats = self._mtp_layer(normed[:, :-1], input_ids[:, 1:], position_ids[:, :-1], mask, None, 0,
+                                           aux, ops)
+            mtp_logits = self._mtp_head(x, 0, None, ops)
+            if stats is not None:
+                stats.aux_loss = stats.aux_loss + mtp_stats.aux_loss
+        return CausalLMOutput(ops.lm_head(self.lm_head, normed), stats, mtp_logits)
+
+    def hidden_states(self, input_ids, attention_mask=None, position_ids=None, cache=None, last: int = 0):
+        """Every position's hidden state after the final norm, [B, T, hidden], without the LM head: the input of
+        `logits` (for the positions a caller keeps) and of the next-n layers (`mtp_forward`). `last=n`: the last n
+        positions only (a long prefill then norms one row). Other arguments as forward."""
+        h, _, _, ops = self._decoder(input_ids, attention_mask, position_ids, cache, False)
+        return ops.norm(self.model.norm, h[:, -last:] if last else h)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over final-norm hidden states [..., hidden] (from `hidden_states`): [..., vocab]."""
+        return fast.choose(hidden).lm_head(self.lm_head, hidden)
+
+    def mtp_forward(self, hidden, next_ids, position_ids, attention_mask=None, cache=None, depth: int = 0):
+        """One next-n layer: `hidden` [B, T, H] is the main model's final-norm hidden state at `position_ids`
+        (or, chaining drafts, this layer's own previous output), `next_ids` [B, T] the token after each
+        position. Returns the layer's output hidden state [B, T, H]: `mtp_logits` gives its prediction of the token
+        after next, and it is the input of the next chained call. `cache` holds this layer's own KV (layer index
+        num_hidden_layers + depth), in step with the main model's positions."""
+        self._check_ids(next_ids)
+        layer = self.model.mtp_layers[depth]
+        dtype = self.model.embed_tokens.weight.dtype
+        ops = fast.choose(next_ids, decode_plan=lambda: self._decode_plan([layer], cache, next_ids, attention_mask,
+                                                                           dtype))
+        return self._mtp_layer(hidden, next_ids, position_ids, attention_mask, cache, depth, False, ops)[0]
+
+    def mtp_logits(self, mtp_hidden: torch.Tensor, depth: int = 0, head: torch.Tensor | None = None) -> torch.Tensor:
+        """The shared LM head over a next-n layer's output (after that layer's shared_head.norm); `head`: another
+        weight for it (the engine's drafts read an int8 copy)."""
+        return self._mtp_head(mtp_hidden, depth, head, fast.choose(mtp_hidden))
+
+    def _decoder(self, input_ids, attention_mask, position_ids, cache, with_stats: bool):
+        """The decoder layers over the embedded ids: (last hidden state [B, T, H] before the final norm, the MoE
+        statistics or None, the position ids, the paths this call took)."""
         self._check_ids(input_ids)
         B, T = input_ids.shape
         past = cache.get_seq_length() if cache is not None else 0
@@ -185,65 +217,46 @@ class GlmMoeDsaForCausalLM(nn.Module):
         h = self.model.embed_tokens(input_ids)
         rot = self.model.rotary_emb(position_ids)
         token_mask = attention_mask[:, past:].reshape(-1).bool() if attention_mask is not None else None
+        layers = self.model.layers
+        ops = fast.choose(input_ids, with_stats,
+                          lambda: self._decode_plan(layers, cache, input_ids, attention_mask, h.dtype))
+        if ops.plan is not None:  # a decode step's few rows: three native calls per layer (glm5/decode_step.py)
+            ops.plan.run_layers(layers, h, rot.rope)
+            return h, None, position_ids, ops
         selection, layer_stats = None, []
-        plan = DecodePlan.create(self.model.layers, cache, input_ids, attention_mask, return_aux, h.dtype)
-        if plan is not None:  # a decode step's few rows: three native calls per layer (decode_step.py)
-            plan.run_layers(self.model.layers, h, rot.rope)
-        for layer in self.model.layers if plan is None else ():
+        for layer in layers:
             if layer.self_attn.indexer is not None:
                 selection = None  # a layer with its own indexer selects anew: free the old slots ([B, T, k]) first
-            h, sel, stats = layer(h, rot, key_valid, past, cache, selection, token_mask, return_aux)
+            h, sel, stats = layer(h, rot, key_valid, past, cache, selection, token_mask, with_stats, ops)
             if layer.self_attn.kind == "dsa":
                 selection = sel
             if stats is not None:
                 layer_stats.append(stats)
-        aux = self._collect(layer_stats, h) if return_aux else None
-        if not (return_hidden or return_mtp):  # only the kept positions are normed
-            return CausalLMOutput(self.lm_head(self.model.norm(h[:, -logits_to_keep:] if logits_to_keep else h)), aux)
-        normed = self.model.norm(h)
-        mtp_logits = None
-        if return_mtp:
-            if cache is not None or not self.model.mtp_layers:
-                raise ValueError("return_mtp needs a model with next-n layers and no cache")
-            mask = attention_mask[:, 1:] if attention_mask is not None else None
-            mtp_logits, _, mtp_aux = self.mtp_forward(normed[:, :-1], input_ids[:, 1:], position_ids[:, :-1],
-                                                      mask, None, 0, return_aux)
-            if aux is not None:
-                aux.aux_loss = aux.aux_loss + mtp_aux.aux_loss
-        logits = None
-        if return_logits:
-            logits = self.lm_head(normed[:, -logits_to_keep:] if logits_to_keep else normed)
-        return CausalLMOutput(logits, aux, normed if return_hidden else None, mtp_logits)
+        return h, self._collect(layer_stats, h) if with_stats else None, position_ids, ops
 
-    def mtp_forward(self, hidden, next_ids, position_ids, attention_mask=None, cache=None, depth: int = 0,
-                    return_aux: bool = False, return_logits: bool = True):
-        """One next-n layer: `hidden` [B, T, H] is the main model's final-norm hidden state at `position_ids`
-        (or, chaining drafts, this layer's own previous output), `next_ids` [B, T] the token after each
-        position. Returns (logits [B, T, vocab] predicting the token after next (None unless return_logits),
-        the layer's output hidden state for the next chained call, the MoE stats when return_aux). `cache` holds this layer's own KV
-        (layer index num_hidden_layers + depth), in step with the main model's positions."""
-        self._check_ids(next_ids)
+    def _mtp_layer(self, hidden, next_ids, position_ids, attention_mask, cache, depth: int, with_stats: bool, ops):
+        """Next-n layer `depth` (see `mtp_forward`): (its output hidden state, its MoE statistics or None)."""
         layer = self.model.mtp_layers[depth]
-        B, T = next_ids.shape
         past = cache.get_seq_length() if cache is not None else 0
         key_valid = key_validity(attention_mask)
         token_mask = attention_mask[:, past:].reshape(-1).bool() if attention_mask is not None else None
-        x = layer.mix(self.model.embed_tokens(next_ids), hidden, position_ids)
+        x = layer.mix(self.model.embed_tokens(next_ids), hidden, position_ids, ops)
         rot = self.model.rotary_emb(position_ids)
-        plan = DecodePlan.create([layer], cache, next_ids, attention_mask, return_aux, x.dtype)
-        if plan is not None:
-            x, stats = x.contiguous(), None
-            plan.run_layers([layer], x, rot.rope)
-        else:
-            x, _, stats = layer(x, rot, key_valid, past, cache, None, token_mask, return_aux)
-        logits = self.mtp_logits(x, depth) if return_logits else None
-        return logits, x, (self._collect([stats] if stats is not None else [], x) if return_aux else None)
+        if ops.plan is not None:
+            x = x.contiguous()
+            ops.plan.run_layers([layer], x, rot.rope)
+            return x, None
+        x, _, stats = layer(x, rot, key_valid, past, cache, None, token_mask, with_stats, ops)
+        return x, self._collect([stats] if stats is not None else [], x) if with_stats else None
 
-    def mtp_logits(self, mtp_hidden: torch.Tensor, depth: int = 0, head: torch.Tensor | None = None) -> torch.Tensor:
-        """The shared LM head over a next-n layer's output (after that layer's shared_head.norm); `head`: another
-        weight for it (the engine's drafts read an int8 copy)."""
-        normed = self.model.mtp_layers[depth].shared_head.norm(mtp_hidden)
-        return self.lm_head(normed) if head is None else linear(normed, head)
+    def _mtp_head(self, mtp_hidden, depth: int, head, ops) -> torch.Tensor:
+        normed = ops.norm(self.model.mtp_layers[depth].shared_head.norm, mtp_hidden)
+        return ops.lm_head(self.lm_head, normed) if head is None else ops.linear_weight(normed, head)
+
+    def _decode_plan(self, layers, cache, input_ids, attention_mask, dtype):
+        """The family's native decode step over `layers`, when it has one and it applies (None otherwise)."""
+        step = self.family.decode_step
+        return None if step is None else step.create(layers, cache, input_ids, attention_mask, dtype)
 
     def _check_ids(self, input_ids: torch.Tensor) -> None:
         if input_ids.dim() != 2:
@@ -269,11 +282,6 @@ class GlmMoeDsaForCausalLM(nn.Module):
         return MoEStats(aux + zero, losses, torch.stack([s.counts for s in layer_stats]),
                         sum(s.dropped for s in layer_stats) / max(assigned, 1))
 
-    def save_pretrained(self, path, max_shard_size: int = 2 << 30) -> None:
-        from openglm.model.checkpoint import save_pretrained  # checkpoint.py builds models: a module-level import would be a cycle inside model/
-
-        save_pretrained(self, path, max_shard_size=max_shard_size)
-
 
 def default_position_ids(attention_mask, B, past, T, device) -> torch.Tensor:
     """Positions count real tokens only (cumsum of the mask), so left padding does not shift them."""
@@ -281,3 +289,10 @@ def default_position_ids(attention_mask, B, past, T, device) -> torch.Tensor:
         return torch.arange(past, past + T, device=device).expand(B, T)
     pos = attention_mask.long().cumsum(-1) - 1
     return pos.clamp(min=0)[:, past:]
+
+
+def build_model(cfg: ModelConfig) -> GlmMoeDsaForCausalLM:
+    """The causal LM of cfg's family (`GlmMoeDsaForCausalLM`, or the family's subclass: glm5_next's), on the current
+    default device (weights initialised unless that is meta)."""
+    family = family_of(cfg.model_type)
+    return (family.causal_lm() if family.causal_lm is not None else GlmMoeDsaForCausalLM)(cfg)

@@ -1,12 +1,10 @@
-"""RMSNorm, computed in fp32 and cast back (as the reference does)."""
+"""RMSNorm, computed in fp32 and cast back (as the reference does). Inference runs bf16 norms natively (`fast.py`)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from openglm.model.native import rms_norm_bf16
 
 
 class RMSNorm(nn.Module):
@@ -19,9 +17,4 @@ class RMSNorm(nn.Module):
         # F.rms_norm computes x * rsqrt(mean(x^2) + eps) in fewer kernels than spelling it out.
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        # bf16 inference: one C call (decode_kernels.c) for the ~30 ATen ops below (a decode step runs 13 norms
-        # of one or a few rows, where those ops' dispatch is the whole cost); the same two bf16 roundings.
-        out = rms_norm_bf16(x, self.weight, self.eps)
-        if out is not None:
-            return out
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)

@@ -53,9 +53,19 @@ class Router(nn.Module):
             self._buffers["e_score_correction_bias"] = bias.float()
         return self
 
-    def forward(self, x: torch.Tensor, with_probs: bool = True) -> Routing:
-        """`with_probs=False` skips the balance-loss probabilities (inference without stats)."""
+    has_context = False  # a subclass that also reads the context says so (the native decode step has no such form)
+
+    def context(self, x: torch.Tensor, token_mask: torch.Tensor | None, cache) -> torch.Tensor | None:
+        """Logits [B*T, E] this router adds from the context of x [B, T, H] (openglm/model/context_router.py);
+        the standard router reads the token's hidden state only."""
+        return None
+
+    def forward(self, x: torch.Tensor, with_probs: bool = True, extra_logits: torch.Tensor | None = None) -> Routing:
+        """`with_probs=False` skips the balance-loss probabilities (inference without stats); `extra_logits`
+        [N, E] are added to the hidden state's logits before scoring (a context-aware router's share)."""
         logits = F.linear(x.float(), self.weight.float())
+        if extra_logits is not None:
+            logits = logits + extra_logits
         if self.kind == "softmax":
             probs = logits.softmax(-1)
             weights, indices = probs.topk(self.top_k, dim=-1)

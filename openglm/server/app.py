@@ -9,7 +9,6 @@ assets from a CDN) and the OpenAPI schema is served behind the key.
 from __future__ import annotations
 
 import contextlib
-import secrets
 import time
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -24,16 +23,16 @@ from openglm.server.metrics import ServerMetrics
 from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
 from openglm.server.serving import OpenAIServing
 from openglm.server.status_page import register as register_status_page
+from openglm.util.auth import Access, access
 
-def create_app(engine, model_name: str, api_key: str | None = None, max_queue: int | None = None,
-               public_metrics: bool = False, limits: ServerLimits | None = None) -> FastAPI:
+def create_app(engine, model_name: str, api_key: str | None = None, public_metrics: bool = False,
+               limits: ServerLimits | None = None, json_whitespace: str = "compact") -> FastAPI:
     if api_key is not None and not api_key.strip():
         raise ValueError("the API key is empty: pass a non-empty key, or none to serve without one")
+    limits = limits or ServerLimits()
     metrics = ServerMetrics()
-    async_engine = AsyncEngine(engine, max_queue or engine.config.max_queue, metrics)
-    vocab = getattr(engine.model_config, "vocab_size", None) or engine.tokenizer.vocab_size
-    serving = OpenAIServing(async_engine, engine.tokenizer, model_name, engine.max_model_len, vocab,
-                            grammar_engine=engine.grammar)
+    async_engine = AsyncEngine(engine, limits.max_queue, metrics)
+    serving = OpenAIServing(async_engine, model_name, json_whitespace)
     metrics.observe_engine(engine)
 
     @contextlib.asynccontextmanager
@@ -43,18 +42,16 @@ def create_app(engine, model_name: str, api_key: str | None = None, max_queue: i
         async_engine.shutdown()
 
     app = FastAPI(title="openglm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, limits=limits or ServerLimits())
+    app.add_middleware(BodyLimit, limits=limits)
     app.state.engine, app.state.async_engine, app.state.metrics = engine, async_engine, metrics
 
     # A dependency rather than an HTTP middleware: Starlette's BaseHTTPMiddleware wraps `receive`,
     # which hides client disconnects from the handlers (and then aborts would never happen).
     async def check_api_key(request: Request):
-        if api_key:
-            given = request.headers.get("authorization", "")
-            token = given[7:] if given.lower().startswith("bearer ") else ""
-            if not secrets.compare_digest(token.encode(), api_key.encode()):
-                msg = "missing API key" if not given else "invalid API key"
-                raise APIError(401, f"{msg}: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+        given = request.headers.get("authorization", "")
+        if access(given, api_key) is Access.DENIED:
+            msg = "missing API key" if not given else "invalid API key"
+            raise APIError(401, f"{msg}: send 'Authorization: Bearer <key>'", code="invalid_api_key")
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
 

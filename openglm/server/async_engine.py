@@ -1,8 +1,10 @@
 """Drive an LLMEngine from a background thread for many concurrent asyncio requests.
 
-Handlers never touch the engine: they post commands (add / abort) to a thread-safe queue and read
+Handlers never change the engine: they post commands (add / abort) to a thread-safe queue and read
 their outputs from an asyncio.Queue that the engine thread feeds with `call_soon_threadsafe`. The
-event loop therefore never waits on a model step, and the engine is only ever used by one thread.
+event loop therefore never waits on a model step, and the engine is only ever stepped by one thread.
+Each HTTP request gets one `RequestStream` over the engine requests of all its prompts; it turns the engine's
+outputs (whole texts so far) into what a stream sends: per choice, what is new since the previous output.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import queue
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
 from openglm.engine.llm_engine import LLMEngine
@@ -25,12 +28,12 @@ RETRY_AFTER_S = 1  # the Retry-After a full queue answers with (requests finish 
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, max_queue: int = 256, metrics=None):
+    def __init__(self, engine: LLMEngine, max_queue: int, metrics=None):
         self.engine = engine
         self.max_queue = max_queue
         self.metrics = metrics
         self.commands: queue.Queue = queue.Queue()
-        self.streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self.streams: dict[str, tuple[RequestStream, int]] = {}  # engine request id -> its stream, prompt index
         self._ids = itertools.count()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="openglm-engine", daemon=True)
@@ -46,20 +49,22 @@ class AsyncEngine:
         self.thread.join(timeout=10)
 
     # ---- called from the event loop --------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: SamplingParams,
+    def submit(self, prompts: list[list[int]], params: list[SamplingParams],
                is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> "RequestStream":
-        """Queue a request now (so overload is refused with 429 before any response starts) and
-        return the stream of its outputs."""
+        """Queue one HTTP request's prompts now, all or none (so overload is refused with 503 before any response
+        starts), and return the one stream of their outputs."""
         if self.error is not None:
             raise APIError(503, f"the engine has stopped: {self.error}", retry_after=RETRY_AFTER_S)
-        if len(self.streams) >= self.max_queue:  # a retry can succeed: check_fits refused what never could
+        if len(self.streams) + len(prompts) > self.max_queue:  # a retry can succeed: check_fits refused the rest
             raise APIError(503, f"the server is at capacity ({self.max_queue} requests in flight); retry later",
                            code="server_busy", retry_after=RETRY_AFTER_S)
-        request_id = f"r{next(self._ids)}"
-        out_q: asyncio.Queue = asyncio.Queue()
-        self.streams[request_id] = (asyncio.get_running_loop(), out_q)
-        self.commands.put(("add", request_id, prompt_ids, params))
-        return RequestStream(self, request_id, out_q, is_disconnected)
+        stream = RequestStream(self, asyncio.get_running_loop(), is_disconnected)
+        for index, (ids, sp) in enumerate(zip(prompts, params)):
+            request_id = f"r{next(self._ids)}"
+            stream.request_ids.append(request_id)
+            self.streams[request_id] = (stream, index)
+            self.commands.put(("add", request_id, ids, sp))
+        return stream
 
     def check_fits(self, num_prompts: int) -> None:
         """A request with more prompts than the queue holds can never be admitted: a 400, not a 503."""
@@ -104,7 +109,9 @@ class AsyncEngine:
     def _apply(self, cmd: tuple) -> None:
         if cmd[0] == "add":
             _, rid, prompt_ids, params = cmd
-            if rid not in self.streams:  # the client left before we got to it
+            if rid not in self.streams:  # the client left before the engine got to it: an abort all the same
+                if self.metrics is not None:
+                    self.metrics.requests.labels(finish_reason="abort").inc()
                 return
             try:
                 self.engine.add_request(prompt_ids, params, request_id=rid)
@@ -142,9 +149,9 @@ class AsyncEngine:
             if not isinstance(item, BaseException) and not getattr(item, "finished", True):
                 self._abort(request_id)  # nobody is listening any more
             return
-        loop, out_q = target
+        stream, index = target
         try:
-            loop.call_soon_threadsafe(out_q.put_nowait, item)
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, (index, item))
         except RuntimeError:  # the loop has closed
             self._abort(request_id)
 
@@ -157,41 +164,71 @@ class AsyncEngine:
         self.engine.abort_all()
 
 
-class RequestStream:
-    """Async iterator over one request's outputs; leaving it early (break, cancellation, client
-    disconnect) aborts the request."""
+@dataclass
+class Delta:
+    """What one choice added since the stream's previous output."""
 
-    def __init__(self, engine: AsyncEngine, request_id: str, out_q: asyncio.Queue, is_disconnected=None):
-        self.engine, self.request_id, self.out_q = engine, request_id, out_q
-        self.is_disconnected = is_disconnected
-        self.finished = False
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict]  # empty unless the request asked for logprobs
+    offset: int  # characters of the choice's text sent before `text`
+
+
+class RequestStream:
+    """One HTTP request's outputs, from all its prompts, as (prompt index, output, one Delta per choice);
+    leaving it early (break, cancellation, client disconnect, an error) aborts whatever is unfinished."""
+
+    def __init__(self, engine: AsyncEngine, loop: asyncio.AbstractEventLoop, is_disconnected=None):
+        self.engine, self.loop, self.is_disconnected = engine, loop, is_disconnected
+        self.queue: asyncio.Queue = asyncio.Queue()  # (prompt index, output or error), fed by the engine thread
+        self.request_ids: list[str] = []  # the engine's request per prompt
+        self.sent: dict[tuple[int, int], tuple[int, int]] = {}  # (prompt, choice) -> (characters, tokens) sent
         self._checked = time.monotonic()
 
     def close(self) -> None:
-        if not self.finished:
-            self.engine.release(self.request_id)
+        for request_id in self.request_ids:  # the finished ones are released already: no-ops
+            self.engine.release(request_id)
 
-    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+    def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput, list[Delta]]]:
         return self._iterate()
 
-    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+    async def collect(self) -> list[RequestOutput]:
+        """Every prompt's final output (non-streaming)."""
+        last: list[RequestOutput | None] = [None] * len(self.request_ids)
+        async for index, out, _ in self:
+            last[index] = out
+        if any(o is None or not o.finished for o in last):
+            raise APIError(499, "the client disconnected")
+        return last
+
+    def deltas(self, index: int, out: RequestOutput) -> list[Delta]:
+        news = []
+        for c in out.outputs:
+            chars, tokens = self.sent.get((index, c.index), (0, 0))
+            news.append(Delta(c.text[chars:], c.token_ids[tokens:], (c.logprobs or [])[tokens:], chars))
+            self.sent[index, c.index] = (max(chars, len(c.text)), len(c.token_ids))
+        return news
+
+    async def _iterate(self) -> AsyncIterator[tuple[int, RequestOutput, list[Delta]]]:
+        left = len(self.request_ids)
         try:
-            while not self.finished:
+            while left:
                 item = await self._next()
                 if item is None:  # client disconnected
                     return
-                if isinstance(item, BaseException):
-                    raise item
-                self.finished = item.finished
-                yield item
+                index, out = item
+                if isinstance(out, BaseException):
+                    raise out
+                if out.finished:
+                    left -= 1
+                    self.engine.streams.pop(self.request_ids[index], None)
+                yield index, out, self.deltas(index, out)
         finally:
-            if self.finished:
-                self.engine.streams.pop(self.request_id, None)
             self.close()
 
     async def _next(self):
         if self.is_disconnected is None:
-            return await self.out_q.get()
+            return await self.queue.get()
         while True:
             # outputs may arrive every few ms, so look for a departed client on a clock, not on idleness
             now = time.monotonic()
@@ -200,6 +237,6 @@ class RequestStream:
                 if await self.is_disconnected():
                     return None
             try:
-                return await asyncio.wait_for(self.out_q.get(), timeout=DISCONNECT_POLL_S)
+                return await asyncio.wait_for(self.queue.get(), timeout=DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
                 continue

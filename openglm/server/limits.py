@@ -1,4 +1,6 @@
-"""Connection and body limits: what one client may cost the server before its request is refused.
+"""Connection, body and queue limits: what clients may cost the server before a request is refused.
+
+`max_queue` caps the requests in flight (the AsyncEngine answers 503 + Retry-After beyond it).
 
 `BodyLimit` is a pure ASGI middleware (not Starlette's BaseHTTPMiddleware, which would hide client
 disconnects): a declared Content-Length over the cap is refused with 413 before a byte of the body
@@ -25,9 +27,11 @@ class ServerLimits:
     header_timeout_s: float = 10.0  # a connection must send a full request head within this
     keep_alive_s: int = 5  # idle keep-alive connections close after this (uvicorn's timeout_keep_alive)
     limit_concurrency: int = 1024  # connections + tasks beyond this get 503 (uvicorn's limit_concurrency)
+    max_queue: int = 256  # requests in flight (queued or running) beyond which new ones get 503 + Retry-After
 
     def __post_init__(self):
-        for name in ("max_body_bytes", "body_timeout_s", "header_timeout_s", "keep_alive_s", "limit_concurrency"):
+        for name in ("max_body_bytes", "body_timeout_s", "header_timeout_s", "keep_alive_s", "limit_concurrency",
+                     "max_queue"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"ServerLimits.{name} must be positive, got {value!r}")
@@ -124,6 +128,7 @@ def header_timeout_protocol(header_timeout_s: float) -> type[H11Protocol]:
 
 def uvicorn_config(app, host: str, port: int, limits: ServerLimits, log_level: str = "info"):
 
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=header_timeout_protocol(limits.header_timeout_s),
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                          http=header_timeout_protocol(limits.header_timeout_s),
                           timeout_keep_alive=limits.keep_alive_s, limit_concurrency=limits.limit_concurrency,
                           h11_max_incomplete_event_size=64 << 10)  # request line + headers: at most 64 KiB

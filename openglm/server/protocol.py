@@ -219,6 +219,14 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` object, for its JSON layout options only (the constraint itself comes
+    from `response_format` / `tools`; any other key is a 400)."""
+    model_config = ConfigDict(extra="forbid")
+    whitespace_pattern: str | None = Field(default=None, min_length=1, max_length=256)
+    disable_any_whitespace: StrictBool | None = None
+
+
 class ChatTemplateKwargs(BaseModel):
     """The template switches openglm honours (GLM's); any other key is a 400, not a silent no-op."""
     model_config = ConfigDict(extra="forbid")
@@ -233,7 +241,7 @@ UNSUPPORTED_CHAT_FIELDS = (
     "best_of", "use_beam_search", "length_penalty", "prompt_logprobs", "truncate_prompt_tokens",
     "continue_final_message", "echo", "documents", "chat_template", "mm_processor_kwargs", "guided_json",
     "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern",
-    "structured_outputs", "bad_words", "allowed_token_ids", "logits_processors", "return_tokens_as_token_ids",
+    "bad_words", "allowed_token_ids", "logits_processors", "return_tokens_as_token_ids",
     "return_token_ids", "kv_transfer_params", "vllm_xargs", "reasoning_effort", "thinking_token_budget",
     "skip_special_tokens", "spaces_between_special_tokens", "priority", "cache_salt", "prompt_embeds",
 )
@@ -254,6 +262,7 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool = True
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
     chat_template_kwargs: ChatTemplateKwargs = Field(default_factory=ChatTemplateKwargs)
 
     @model_validator(mode="before")
@@ -290,6 +299,10 @@ class ChatCompletionRequest(_Sampling):
     def forced_tool_call(self) -> bool:
         choice = self.effective_tool_choice()
         return choice == "required" or isinstance(choice, NamedToolChoice)
+
+    def constrained(self) -> bool:
+        """Whether the answer must match a grammar (structured.py): a required or named tool call, or JSON."""
+        return self.forced_tool_call() or (self.response_format is not None and self.response_format.type != "text")
 
     def template_messages(self) -> list[dict]:
         """The messages whole, as the chat template receives them (OpenAI field names)."""

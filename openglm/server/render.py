@@ -1,4 +1,5 @@
-"""Engine outputs -> OpenAI response bodies and stream chunks (completions and chat)."""
+"""Engine outputs -> OpenAI response bodies, and the request streams' (prompt index, output, deltas) ->
+stream chunks (completions and chat)."""
 
 from __future__ import annotations
 
@@ -72,20 +73,20 @@ async def completion_stream(meta: Meta, outputs: AsyncIterator, n: int, echo: li
                             include_usage: bool) -> AsyncIterator[dict]:
     finals, sent_echo, done = {}, set(), set()
     extra = {"usage": None} if include_usage else {}
-    async for i, out in outputs:
-        for c in out.outputs:
+    async for i, out, deltas in outputs:
+        for c, d in zip(out.outputs, deltas):
             idx = i * n + c.index
-            text = c.delta_text
+            text = d.text
             if echo[i] and idx not in sent_echo:
                 text = echo[i] + text
                 sent_echo.add(idx)
-            if idx in done or (not text and not c.delta_token_ids and not c.finished):
+            if idx in done or (not text and not d.token_ids and not c.finished):
                 continue
             if c.finished:
                 done.add(idx)
             lp = None
             if c.logprobs is not None:
-                lp = completion_logprobs(meta, c.delta_logprobs, len(c.text) - len(c.delta_text))
+                lp = completion_logprobs(meta, d.logprobs, d.offset)
             yield {**meta.head("text_completion"), **extra,
                    "choices": [{"index": idx, "text": text, "logprobs": lp,
                                 "finish_reason": c.finish_reason if c.finished else None}]}
@@ -129,13 +130,13 @@ async def chat_stream(meta: Meta, outputs: AsyncIterator, n: int, include_usage:
                             "logprobs": None, "finish_reason": None}]}
     final, done = None, set()
     parsers = [ChatOutputParser(thinking, tools) for _ in range(n)]
-    async for _, out in outputs:
-        for c in out.outputs:
-            if c.index in done or (not c.delta_text and not c.finished and not c.delta_logprobs):
+    async for _, out, deltas in outputs:
+        for c, d in zip(out.outputs, deltas):
+            if c.index in done or (not d.text and not c.finished and not d.logprobs):
                 continue
             parser = parsers[c.index]
             calls_before = len(parser.calls)
-            delta = parser.feed(c.delta_text)
+            delta = parser.feed(d.text)
             finish_reason = None
             if c.finished:
                 done.add(c.index)
@@ -143,7 +144,7 @@ async def chat_stream(meta: Meta, outputs: AsyncIterator, n: int, include_usage:
                 delta.reasoning, delta.content = delta.reasoning + tail.reasoning, delta.content + tail.content
                 delta.calls += tail.calls
                 finish_reason = parser.message(c.finish_reason)[1]
-            lp = chat_logprobs(meta, c.delta_logprobs) if c.logprobs is not None else None
+            lp = chat_logprobs(meta, d.logprobs) if c.logprobs is not None else None
             body = _delta_body(delta, calls_before)
             if not body and lp is None and finish_reason is None:
                 continue  # held back (a possible marker): nothing certain to send yet

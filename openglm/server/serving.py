@@ -13,12 +13,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from openglm.engine.grammar import GrammarError
+from openglm.engine.llm_engine import PromptError
 from openglm.engine.sampling_params import SamplingParams, SamplingParamsError
 from openglm.server.async_engine import AsyncEngine
 from openglm.server.errors import APIError
 from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
 from openglm.server import render
-from openglm.server.structured import request_grammar
+from openglm.server.structured import json_layout, request_grammar
 from openglm.tokenizer import TokenizerError
 
 
@@ -26,10 +27,15 @@ TOKENIZE_THREADS = 2  # rendering and tokenising run here, never on the event lo
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncEngine, tokenizer, model_name: str, max_model_len: int, vocab_size: int,
-                 grammar_engine=None):
-        self.engine, self.tokenizer, self.grammar_engine = engine, tokenizer, grammar_engine
-        self.model_name, self.max_model_len, self.vocab_size = model_name, max_model_len, vocab_size
+    """The endpoints over an `AsyncEngine`. Of the engine itself they use only what never changes while it runs:
+    its tokenizer, `check_prompt`, `max_model_len` and the grammar compiler (built here, once)."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str, json_whitespace: str = "compact"):
+        self.engine, self.model_name = engine, model_name
+        self.llm = engine.engine
+        self.tokenizer, self.max_model_len = self.llm.tokenizer, self.llm.max_model_len
+        self.grammar_engine = self.llm.grammar
+        self.json_whitespace = json_whitespace  # JSON layout of constrained output unless a request says
         self.pool = concurrent.futures.ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="openglm-tokenize")
 
     async def off_loop(self, fn, *args):
@@ -43,12 +49,16 @@ class OpenAIServing:
                            param="model", code="model_not_found")
 
     # ---- request preparation ---------------------------------------------------------------------
-    def encode(self, prompt: str | list[int]) -> list[int]:
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return self.check_prompt(ids)
+    def check_prompt(self, prompt: str | list[int]) -> list[int]:
+        """The prompt's token ids after the engine's own check, made before anything is queued or streamed (so a
+        bad prompt is a 400, never an error in the middle of a stream)."""
+        try:
+            return self.llm.check_prompt(prompt)
+        except PromptError as exc:
+            raise APIError(400, str(exc), param="prompt", code=exc.code) from exc
 
-    def encode_all(self, prompts: list[str | list[int]]) -> list[list[int]]:
-        return [self.encode(p) for p in prompts]
+    def check_prompts(self, prompts: list[str | list[int]]) -> list[list[int]]:
+        return [self.check_prompt(p) for p in prompts]
 
     def render_and_encode(self, req: ChatCompletionRequest) -> list[int]:
         """The prompt's token ids; conversation text is never read as control tokens."""
@@ -60,17 +70,6 @@ class OpenAIServing:
         except TokenizerError as exc:  # template errors (unknown role, bad structure) are the caller's
             raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
         return self.check_prompt(ids)
-
-    def check_prompt(self, ids: list[int]) -> list[int]:
-        if not ids:
-            raise APIError(400, "the prompt is empty", param="prompt")
-        if any(not 0 <= t < self.vocab_size for t in ids):
-            raise APIError(400, f"prompt token ids must be in [0, {self.vocab_size})", param="prompt")
-        if len(ids) >= self.max_model_len:
-            raise APIError(400, f"this model's maximum context length is {self.max_model_len} tokens; the prompt "
-                                f"has {len(ids)} tokens, leaving no room for output", param="prompt",
-                           code="context_length_exceeded")
-        return ids
 
     def params(self, req, prompt_len: int, max_tokens: int | None, default_max: int | None,
                logprobs: int | None, extra_stop_ids=()) -> SamplingParams:
@@ -92,30 +91,19 @@ class OpenAIServing:
         except SamplingParamsError as exc:
             raise APIError(400, str(exc), param=exc.field) from exc
 
-    def _submit_all(self, prompts, params, is_disconnected) -> list:
-        streams = []
-        try:
-            for ids, sp in zip(prompts, params):
-                streams.append(self.engine.submit(ids, sp, is_disconnected))
-        except APIError:
-            for s in streams:  # all or nothing
-                s.close()
-            raise
-        return streams
-
     # ---- endpoints ---------------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, request: Request):
         self.check_model(req.model)
         self.engine.check_fits(len(req.prompts()))
-        prompts = await self.off_loop(self.encode_all, req.prompts())
+        prompts = await self.off_loop(self.check_prompts, req.prompts())
         params = [self.params(req, len(ids), req.max_tokens, 16, req.logprobs) for ids in prompts]
         meta = render.Meta(f"cmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name, self.tokenizer)
         echo = [self.tokenizer.decode(ids) if req.echo else "" for ids in prompts]
-        streams = self._submit_all(prompts, params, None if req.stream else request.is_disconnected)
+        stream = self.engine.submit(prompts, params, None if req.stream else request.is_disconnected)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _sse(render.completion_stream(meta, _merge(streams), req.n, echo, include_usage))
-        finals = await _collect(streams)
+            return _sse(render.completion_stream(meta, stream, req.n, echo, include_usage))
+        finals = await stream.collect()
         return JSONResponse(render.completion_body(meta, finals, req.n, echo))
 
     async def chat(self, req: ChatCompletionRequest, request: Request):
@@ -128,64 +116,28 @@ class OpenAIServing:
         params.grammar = self.grammar(req, thinking)
         meta = render.Meta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.model_name, self.tokenizer)
         tools = req.template_tools()
-        stream = self.engine.submit(ids, params, None if req.stream else request.is_disconnected)
+        stream = self.engine.submit([ids], [params], None if req.stream else request.is_disconnected)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _sse(render.chat_stream(meta, _merge([stream]), req.n, include_usage, thinking, tools))
-        finals = await _collect([stream])
+            return _sse(render.chat_stream(meta, stream, req.n, include_usage, thinking, tools))
+        finals = await stream.collect()
         return JSONResponse(render.chat_body(meta, finals[0], thinking, tools))
 
     def grammar(self, req: ChatCompletionRequest, thinking: bool) -> str | None:
-        grammar = request_grammar(req, self.tokenizer, thinking)
-        if grammar is not None:
-            try:
-                self.grammar_engine.check(grammar)
-            except GrammarError as exc:
-                param = "response_format" if req.response_format is not None else "tools"
-                raise APIError(400, str(exc), param=param) from exc
-        return grammar
-
-
-async def _collect(streams) -> list:
-    last = [None] * len(streams)
-    async for i, out in _merge(streams):
-        last[i] = out
-    if any(o is None or not o.finished for o in last):
-        raise APIError(499, "the client disconnected")
-    return last
-
-
-async def _merge(streams) -> AsyncIterator[tuple[int, object]]:
-    """Interleave several request streams as (prompt index, output); cancelling stops them all."""
-    if len(streams) == 1:
-        async for out in streams[0]:
-            yield 0, out
-        return
-    q: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i, stream):
+        """The grammar the answer decodes under, checked here (a 400); None when nothing constrains it. A request
+        with tools enters structured.py even when no call is forced: their schemas are checked (a 400 naming the
+        keyword) because the output parser types arguments by them."""
+        if not (req.tools or req.constrained()):
+            return None
+        grammar = request_grammar(req, self.tokenizer, thinking, json_layout(req, self.json_whitespace))
+        if grammar is None:
+            return None
         try:
-            async for out in stream:
-                await q.put((i, out))
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer
-            await q.put((i, exc))
-        finally:
-            await q.put((i, None))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        left = len(tasks)
-        while left:
-            i, item = await q.get()
-            if item is None:
-                left -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
+            self.grammar_engine.check(grammar)
+        except GrammarError as exc:
+            param = "response_format" if req.response_format is not None else "tools"
+            raise APIError(400, str(exc), param=param) from exc
+        return grammar
 
 
 def _sse(chunks: AsyncIterator[dict]) -> StreamingResponse:

@@ -100,9 +100,13 @@ def cmd_verify(args) -> int:
 
 
 def cmd_bisect(args) -> int:
-    from openglm.swe.bisect import bisect  # loaded when the command runs
+    from openglm.swe.bisect import BisectRefused, bisect  # loaded when the command runs
 
-    result = bisect(args.repo, args.good, args.cmd, bad=args.bad, python=_python(args))
+    try:
+        result = bisect(args.repo, args.good, args.cmd, bad=args.bad, python=_python(args))
+    except BisectRefused as e:
+        print(f"openglm bisect: {e}", file=sys.stderr)
+        return 2
     _emit(result, args.json)
     return 0 if result["first_bad_commit"] else 1
 
@@ -227,7 +231,8 @@ def register(subparsers) -> None:
     p.add_argument("repo", type=existing_dir, help="git repository")
     p.add_argument("--good", required=True, help="a known-good revision")
     p.add_argument("--bad", default="HEAD", help="a known-bad revision (default %(default)s)")
-    p.add_argument("--cmd", required=True, help="shell command: exit 0 = good, 125 = skip, else bad")
+    p.add_argument("--cmd", required=True, help="shell command: exit 0 = good; 125, or 4/5/126/127 (could not "
+                                                "run: missing test file, command not found) = skip; else bad")
     _add_interpreter(p)
     p.add_argument("--json", metavar="FILE", help=JSON_OUT)
     p.set_defaults(func=cmd_bisect)

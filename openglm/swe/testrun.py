@@ -19,15 +19,14 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from openglm.agent.process import kill_group
 from openglm.swe.logparse import parse_unittest_log
+from openglm.util import proc
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the `openglm` package
 FAILED_OUTCOMES = ("failed", "error", "collect_error", "timeout")
@@ -35,20 +34,11 @@ FAILED_OUTCOMES = ("failed", "error", "collect_error", "timeout")
 
 def run_command(cmd: list[str] | str, cwd: str | Path, *, env: dict | None = None, timeout: float | None = None,
                 input: str | None = None, shell: bool = False) -> tuple[int, str, bool]:
-    """Run a command in its own process group; (exit status, stdout+stderr, timed out?). On timeout the
-    whole group is killed (a test suite's children too) and the status is -9."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, shell=shell, text=True, errors="replace",
-                            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = proc.communicate(input, timeout=timeout)
-        return proc.returncode, out, False
-    except subprocess.TimeoutExpired:
-        kill_group(proc.pid)
-        out, _ = proc.communicate()
-        return -9, out or "", True
-    finally:
-        kill_group(proc.pid)  # whatever the command left running in its group
+    """`proc.run` in the shape the test runners use: (exit status, stdout+stderr, timed out?); on timeout
+    the whole process group is killed (a test suite's children too) and the status is -9."""
+    result = proc.run(["sh", "-c", cmd] if shell else cmd, cwd=cwd, env=env, input=input, timeout=timeout,
+                      merge_stderr=True)
+    return (-9 if result.timed_out else result.returncode), result.stdout, result.timed_out
 
 
 class InterpreterError(ValueError):
@@ -217,7 +207,8 @@ def child_env(repo: Path, pythonpath: list[str] | None = None, extra: dict | Non
 
 
 def _run_into(run: TestRun, cmd: list[str], repo: Path, env: dict, timeout: float) -> None:
-    """Run `cmd` in `repo`, recording its combined output and exit status (-9 on timeout) in `run`."""
+    """Run `cmd` in `repo`, recording its combined output and exit status (-9 on timeout: the test run
+    and everything it started are killed) in `run`."""
     run.returncode, run.output, run.timed_out = run_command(cmd, repo, env=env, timeout=timeout)
 
 

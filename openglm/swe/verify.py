@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from openglm.retrieval.spans import python_files
-from openglm.swe.testrun import run_command, run_pytest, run_unittest
+from openglm.swe.testrun import run_pytest, run_unittest
+from openglm.util.git import run_git
 
 
 @dataclass
@@ -22,11 +23,11 @@ class VerifyConfig:
 
 def changed_python_files(repo: Path) -> list[str] | None:
     """Python files differing from HEAD (tracked changes + untracked), or None outside git."""
-    rc, out, _ = run_command(["git", "status", "--porcelain", "--untracked-files=all"], repo, timeout=120)
-    if rc != 0:
+    proc = run_git(["status", "--porcelain", "--untracked-files=all"], repo, text=True)
+    if not proc.ok:
         return None
     files = []
-    for line in out.splitlines():
+    for line in proc.stdout.splitlines():
         path = line[3:].split(" -> ")[-1].strip('"')
         if path.endswith(".py") and (repo / path).exists():
             files.append(path)

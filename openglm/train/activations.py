@@ -27,15 +27,15 @@ def _follower_forward(layer: nn.Module):
 def _leader_forward(layer: nn.Module, followers: list[tuple[nn.Module, callable]]):
     original = layer.forward
 
-    def forward(h, rot, key_valid, past, cache, selection, token_mask, with_stats):
+    def forward(h, rot, key_valid, past, cache, selection, token_mask, with_stats, ops):
         if not (layer.training and torch.is_grad_enabled()) or cache is not None:
-            return original(h, rot, key_valid, past, cache, selection, token_mask, with_stats)
+            return original(h, rot, key_valid, past, cache, selection, token_mask, with_stats, ops)
         members = [(layer, original)] + followers
 
         def run_segment(h, rot, selection):
             outs = []
             for module, fwd in members:
-                h, sel, stats = fwd(h, rot, key_valid, past, None, selection, token_mask, with_stats)
+                h, sel, stats = fwd(h, rot, key_valid, past, None, selection, token_mask, with_stats, ops)
                 if module.self_attn.kind == "dsa":  # the same hand-over as the model's loop
                     selection = sel
                 outs.append((h, sel, stats))

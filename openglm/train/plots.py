@@ -73,6 +73,39 @@ def _plot_expert_load(loads: list[dict], path: Path) -> Path:
     return _save(fig, path)
 
 
+def plot_category_load(loads: dict[str, np.ndarray], categories: list[str], path: str | os.PathLike,
+                       notes: dict[str, str] | None = None) -> Path:
+    """Expert x category load: one row of panels per router (name -> [moe_layers, categories, experts], each row the
+    share of a category's top-k picks per expert), one panel per MoE layer; `notes` adds a line under a row's name."""
+    import matplotlib  # optional and slow to import: only when plotting
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # slow to import: only when plotting
+
+    names = list(loads)
+    n_layers = max(v.shape[0] for v in loads.values())
+    fig, axes = plt.subplots(len(names), n_layers, figsize=(2.2 * n_layers + 2.5, 2.9 * len(names)), squeeze=False,
+                             layout="constrained")
+    vmax = max(float(v.max()) for v in loads.values())
+    for row, name in enumerate(names):
+        for layer in range(n_layers):
+            ax = axes[row, layer]
+            im = ax.imshow(loads[name][layer], aspect="auto", cmap="viridis", vmin=0, vmax=vmax,
+                           interpolation="nearest")
+            if row == 0:
+                ax.set_title(f"MoE layer {layer}", fontsize=9)
+            if row == len(names) - 1:
+                ax.set_xlabel("expert", fontsize=8)
+            ax.set_yticks(range(len(categories)), categories if layer == 0 else [""] * len(categories), fontsize=7)
+            n_experts = loads[name].shape[-1]
+            ax.set_xticks(range(0, n_experts, max(1, n_experts // 4)))
+            ax.tick_params(axis="x", labelsize=7)
+        label = name + (f"\n{notes[name]}" if notes and name in notes else "")
+        axes[row, 0].set_ylabel(label, fontsize=9)
+    fig.colorbar(im, ax=axes.ravel().tolist(), label="share of the category's top-k picks", shrink=0.8)
+    return _save(fig, Path(path))
+
+
 def _save(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt  # slow to import: only when plotting
 

@@ -141,7 +141,8 @@ def test_cli_against_the_live_server(server, tmp_path):
     assert status["state"] == "SUCCEEDED" and (ws / "ISO镜像").exists()
     lines = run("events", task_id, "--limit", "3").stdout.splitlines()
     assert [json.loads(x)["seq"] for x in lines] == [1, 2, 3]
-    assert json.loads(run("rollback", task_id, "0").stdout)["snapshot"] == status["recent_events"][0]["data"].get(
+    rolled = json.loads(run("rollback", task_id, "0", "--yes").stdout)  # an in-place folder: --yes, or it asks
+    assert rolled["snapshot"] == status["recent_events"][0]["data"].get(
         "snapshot", json.loads(run("status", task_id).stdout)["snapshot"])
     assert not (ws / "ISO镜像").exists()
     bad = run("submit", "x", "--timeout", "8 parsecs")

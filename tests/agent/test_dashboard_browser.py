@@ -148,10 +148,28 @@ def test_pause_rollback_with_diff_resume_and_answer_through_the_page(dash, page)
     page.get_by_role("button", name="Show the diff of this snapshot against the workspace").click()
     diff = page.wait_for_selector("#diff:not([hidden])").inner_text()
     assert "-v1" in diff and "+v2" in diff and "new.txt" in diff
+    assert f"Rolling back DELETES 1 file(s) the snapshot does not have from your folder {ws} (used in place)" in diff
+    asked = []  # the workspace is the user's own folder: the page asks before deleting from it
+
+    def reply(dialog, accept):
+        asked.append(dialog.message)
+        dialog.accept() if accept else dialog.dismiss()
+
+    page.once("dialog", lambda d: reply(d, False))
+    page.get_by_role("button", name="Roll the workspace back to this snapshot").click()
+    page.wait_for_function("document.getElementById('snap-msg').textContent === 'not rolled back'")
+    assert (ws / "new.txt").exists()
+    page.once("dialog", lambda d: reply(d, True))
     page.get_by_role("button", name="Roll the workspace back to this snapshot").click()
     page.wait_for_function("document.getElementById('snap-msg').textContent.includes('rolled back to step 1')")
     assert (ws / "x.txt").read_text() == "v1\n" and not (ws / "new.txt").exists()
-    assert events(dash, tid, "rollback")[-1]["data"]["to_step"] == 1
+    assert asked == ["Roll back to step 1? 1 file(s) listed in the diff are deleted: new.txt"] * 2
+    rollback = events(dash, tid, "rollback")[-1]["data"]
+    assert rollback["to_step"] == 1 and rollback["by"] == "user"
+    # the user's rollback is listed as theirs, not as the recovery ladder's L3
+    page.wait_for_function("document.getElementById('rollbacks').textContent.includes("
+                           "'rolled back by the user to step 1')")
+    assert page.inner_text("#ladder tbody") == "no recovery events"
 
     page.get_by_role("button", name="Resume task").click()
     page.wait_for_selector('body[data-state="NEEDS_INPUT"]', timeout=40_000)
@@ -187,6 +205,36 @@ def test_resource_graph_shows_the_injected_leak_crossing_its_threshold_and_the_a
     assert crossed and crossed[0]["data"]["limit"] == 2 * MB
     page.goto(f"{dash.url}/ui/")
     assert "rss_growth_short" in page.inner_text(f'tr[data-task="{tid}"] .alerts')
+
+
+def test_finished_and_paused_tasks_show_time_and_alerts_as_they_are(dash, page):
+    """Before: "18 min 60 s left", a finished task with time left and a budget bar, and a task PAUSED for
+    "model unavailable" with "alerts: none"."""
+    page.goto(f"{dash.url}/ui/")
+    page.wait_for_selector("#tasks")
+    assert page.evaluate("[D.dur(1139.6), D.dur(59.7), D.dur(3599.8), D.dur(7199.9), D.dur(5.25)]") == [
+        "19 min 0 s", "1 min 0 s", "1 h 0 min", "2 h 0 min", "5.3 s"]
+    done = submit(dash, "quick one", [turn(call("submit", summary="ok"))], timeout="1h")
+    stuck = submit(dash, "model gone", [], timeout="1h")  # an empty script: the model is unavailable at once
+    wait_until(lambda: task(dash, done)["state"] == "SUCCEEDED" and task(dash, stuck)["state"] == "PAUSED", 30,
+               "one task to finish and one to pause")
+    finished, paused = f'tr[data-task="{done}"]', f'tr[data-task="{stuck}"]'
+    page.wait_for_selector(f"{finished} .badge.s-SUCCEEDED")
+    page.wait_for_selector(f"{paused} .badge.s-PAUSED")
+    cell = page.inner_text(f'{finished} td[data-label="Time budget"]')
+    assert "used" in cell and "finished (timeout 1 h 0 min)" in cell and "left" not in cell
+    assert page.query_selector(f'{finished} td[data-label="Time budget"] [role=progressbar]') is None
+    assert "left (clock stopped)" in page.inner_text(f'{paused} td[data-label="Time budget"]')
+    alerts = page.inner_text(f"{paused} .alerts")
+    assert "PAUSED: model unavailable:" in alerts and "replay script exhausted" in alerts
+    page.check("#f-alerts")  # "with alerts" keeps it (each row counts its alerts)
+    page.wait_for_selector(paused)
+    assert page.query_selector(finished) is None
+    page.goto(f"{dash.url}/ui/task.html?id={done}")
+    page.wait_for_function("document.getElementById('progress').textContent.includes('used (timeout 1 h 0 min)')")
+    assert page.query_selector("#progress [role=progressbar]") is None
+    page.goto(f"{dash.url}/ui/task.html?id={stuck}")
+    page.wait_for_function("document.getElementById('progress').textContent.includes('PAUSED: model unavailable')")
 
 
 def test_exported_trajectory_opens_offline(dash, pw, tmp_path):

@@ -132,19 +132,26 @@ def test_rollback_to_an_earlier_step_restores_files(store, config, workspace):
 def test_hooks_wrap_calls_and_pause_on_budget(store, config, workspace):
     seen = {"models": 0, "tools": [], "steps": []}
 
-    def count_model(call_model, ctx):
-        def wrapped(messages, tools):
-            seen["models"] += 1
-            return call_model(messages, tools)
-        return wrapped
+    class CountedModel:  # a model wrapper: a Model around the run's model
+        def __init__(self, inner, ctx):
+            self.inner, self.name = inner, inner.name
 
-    def record_tools(call_tool, ctx):
-        return lambda name, args: (seen["tools"].append(name), call_tool(name, args))[1]
+        def query(self, messages, tools=None):
+            seen["models"] += 1
+            return self.inner.query(messages, tools)
+
+    class RecordedTools:  # a tool wrapper: an Environment around the run's tools
+        def __init__(self, inner, ctx):
+            self.inner = inner
+
+        def call(self, name, args):
+            seen["tools"].append(name)
+            return self.inner.call(name, args)
 
     def budget(ctx):
         return "step budget spent" if ctx.state.step >= 2 else None
 
-    hooks = Hooks(model_wrappers=[count_model], tool_wrappers=[record_tools], budgets=[budget],
+    hooks = Hooks(model_wrappers=[CountedModel], tool_wrappers=[RecordedTools], budgets=[budget],
                   step_callbacks=[lambda ctx, rec: seen["steps"].append((rec.step, rec.changed))])
     turns = [turn(call("bash", command="echo 1 > f")), turn(call("view", path="f")), turn(call("submit"))]
     task = service.submit(store, config, "hooks", str(workspace))
@@ -154,14 +161,16 @@ def test_hooks_wrap_calls_and_pause_on_budget(store, config, workspace):
 
 
 def test_disk_full_pauses_instead_of_corrupting(store, config, workspace):
-    def disk_full(call_tool, ctx):
-        def wrapped(name, args):
+    class DiskFull:
+        def __init__(self, inner, ctx):
+            pass
+
+        def call(self, name, args):
             raise OSError(errno.ENOSPC, "No space left on device")
-        return wrapped
 
     task = service.submit(store, config, "full", str(workspace))
     worker = make_worker(config, store, [turn(call("bash", command="echo x")), turn(call("submit"))],
-                         hooks=Hooks(tool_wrappers=[disk_full]))
+                         hooks=Hooks(tool_wrappers=[DiskFull]))
     assert worker.run_one() == "PAUSED"
     t = store.get_task(task.id)
     assert t.reason.startswith("disk full") and t.step == 0

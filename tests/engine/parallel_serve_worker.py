@@ -8,8 +8,8 @@ import torch
 from openglm.engine import SamplingParams
 from openglm.engine.model_runner import ModelRunner
 from openglm.engine.parallel import exit_rank, follow_steps
-from openglm.server.deploy_config import load_deploy_config
-from openglm.server.launch import build_parallel_engine
+from openglm.deploy.config import load_deploy_config
+from openglm.deploy.launch import build_engine
 
 PROMPTS = ["def fibonacci(n):", "def fibonacci(n):\n    if n < 2:", "import os\n\nclass Stack:\n    def push(self, x):" * 3,
            "x = 1"]
@@ -29,7 +29,7 @@ def generate(engine) -> list[list[int]]:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    built = build_parallel_engine(load_deploy_config(sys.argv[1]))
+    built = build_engine(load_deploy_config(sys.argv[1]))
     if isinstance(built, ModelRunner):
         follow_steps(built)
     else:

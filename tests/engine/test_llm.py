@@ -3,6 +3,7 @@
 import pytest
 
 from openglm.engine import LLM, SamplingParams
+from openglm.engine.llm_engine import PromptError
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,39 @@ def test_chat_uses_the_checkpoint_template(llm):
 
 def test_prompt_longer_than_context_is_rejected(tiny_checkpoint):
     small = LLM(str(tiny_checkpoint), num_kv_blocks=8, max_model_len=64)
-    with pytest.raises(ValueError, match="context"):
+    with pytest.raises(PromptError, match="context") as e:
         small.generate([list(range(10, 80))], greedy(max_tokens=4), use_tqdm=False)
+    assert e.value.code == "context_length_exceeded"
     with pytest.raises(TypeError, match="unknown engine option"):
         LLM(str(tiny_checkpoint), num_blocks=8)
+
+
+@pytest.mark.parametrize("prompt, message", [([], "empty"), ("", "empty"), ([1, -1], r"\[0, "), ([1, 10**6], r"\[0, ")])
+def test_bad_prompts_are_refused_by_the_one_check(llm, prompt, message):
+    engine = llm.engine
+    with pytest.raises(PromptError, match=message) as e:
+        engine.add_request(prompt, greedy(max_tokens=2))
+    assert e.value.code is None and not engine.has_unfinished()
+    assert engine.check_prompt("def f():") == llm.tokenizer.encode("def f():")
+
+
+def test_reported_text_is_never_taken_back(llm):
+    """While a request runs its reported text holds back what may still become a stop string: every report is a
+    prefix of the next (the server streams the difference), and the last one is the whole output."""
+    out = llm.generate("class A:", greedy(max_tokens=24), use_tqdm=False)[0].outputs[0]
+    base = out.text
+    # a stop string across two tokens (first seen there): its first part arrives a step before the rest
+    cuts = [len(llm.tokenizer.decode(out.token_ids[:k])) for k in range(4, len(out.token_ids) - 2)]
+    stop = next(base[c - 1: c + 2] for c in cuts
+                if len(base[c - 1: c + 2]) == 3 and base.index(base[c - 1: c + 2]) == c - 1)
+    engine = llm.engine
+    engine.add_request("class A:", SamplingParams(temperature=0, ignore_eos=True, max_tokens=24, n=2, stop=[stop]))
+    reports: dict[int, list[str]] = {0: [""], 1: [""]}
+    while engine.has_unfinished():
+        for out in engine.step():
+            for c in out.outputs:
+                reports[c.index].append(c.text)
+    for texts in reports.values():
+        assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+        assert texts[-1] == base[: base.index(stop)]
+        assert any(len(t) < len(base[: base.index(stop)]) for t in texts[1:-1])  # it streamed in pieces

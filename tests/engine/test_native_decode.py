@@ -7,7 +7,7 @@ import torch
 from openglm.engine import EngineConfig, LLMEngine, SamplingParams
 from openglm.engine.model_runner import ModelRunner, StepInputs
 from openglm.model import load_model
-from openglm.model.decode_step import DecodePlan
+from openglm.model.glm5.decode_step import DecodePlan
 from openglm.model.native import decode_kernels
 from openglm.tokenizer import Tokenizer
 from testutil import run_requests
@@ -15,7 +15,7 @@ from testutil import run_requests
 CREATE = DecodePlan.create.__func__
 
 
-@pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the torch path is the only one")
+@pytest.mark.needs_native
 @pytest.mark.parametrize("kw", [dict(dtype="float32"), dict(dtype="bfloat16", quantization="int8")])
 def test_engine_native_decode_gives_the_torch_paths_tokens(tiny_checkpoint, monkeypatch, kw):
     g = torch.Generator().manual_seed(3)
@@ -44,8 +44,7 @@ def test_engine_native_decode_gives_the_torch_paths_tokens(tiny_checkpoint, monk
         assert sum(a[:4] == b[:4] for a, b in zip(native, plain)) >= 4
 
 
-@pytest.mark.skipif(decode_kernels() is None or not decode_kernels().decode_features() & 2,
-                    reason="the key shadow's scan needs AVX512-VNNI")
+@pytest.mark.needs_native("vnni")
 def test_long_prompts_select_through_the_pools_key_shadow(tiny_checkpoint, monkeypatch):
     """Prompts past 32 x index_topk keys: the native step scans the pool's int8 key shadow (written by the torch
     path's prefill and by the native steps alike) and gives the torch path's tokens."""
@@ -66,7 +65,7 @@ def test_long_prompts_select_through_the_pools_key_shadow(tiny_checkpoint, monke
     assert native == generate(False)
 
 
-@pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the torch path is the only one")
+@pytest.mark.needs_native
 @pytest.mark.parametrize("n,zero_weights", [(300, False), (520, True)])
 def test_blocks_out_of_order_scan_the_keys_themselves(tiny_checkpoint, monkeypatch, n, zero_weights):
     """Blocks of 8 slots in descending order: 16 positions are never 16 adjacent slots, so the native step scores

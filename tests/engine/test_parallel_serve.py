@@ -17,8 +17,8 @@ import yaml
 
 from openglm.engine import EngineConfig, LLMEngine
 from openglm.model.parallel import LayoutError
-from openglm.server.deploy_config import load_deploy_config
-from openglm.server.launch import build_parallel_engine
+from openglm.deploy.config import load_deploy_config
+from openglm.deploy.launch import build_engine
 from testutil import free_port
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -104,5 +104,5 @@ def test_torchrun_serve_config_answers_http_like_one_process(tiny_checkpoint, tm
 ])
 def test_bad_serving_layout_is_refused_before_any_process_group(tiny_checkpoint, tmp_path, parallel, message):
     with pytest.raises(LayoutError, match=message):
-        build_parallel_engine(load_deploy_config(deploy_yaml(tmp_path, tiny_checkpoint, parallel_config=parallel)))
+        build_engine(load_deploy_config(deploy_yaml(tmp_path, tiny_checkpoint, parallel_config=parallel)))
     assert not torch.distributed.is_initialized()

@@ -59,12 +59,12 @@ def test_accepted_drafts_keep_output_kv_and_stops_exact(mtp_checkpoint, referenc
     """Drafts that are mostly right (the true continuation, one token in four wrong) exercise multi-token
     acceptance and rejected-slot reuse; a stop token inside an accepted run ends the output there."""
     engine = engine_for(mtp_checkpoint, 3)
-    by_prompt = {tuple(engine.encode_prompt(p)): ref for p, ref in zip(PROMPTS, reference)}
-    propose = engine._propose
+    by_prompt = {tuple(engine.check_prompt(p)): ref for p, ref in zip(PROMPTS, reference)}
+    propose = engine.speculator.propose
 
-    def oracle(seqs, kept, hidden):
-        propose(seqs, kept, hidden)
-        for seq in seqs:
+    def oracle(results):
+        propose(results)
+        for seq in (r.seq for r in results):
             if seq.draft_token_ids:
                 ref = by_prompt[tuple(seq.token_ids[: seq.num_prompt_tokens])]
                 done = seq.num_output_tokens
@@ -72,7 +72,7 @@ def test_accepted_drafts_keep_output_kv_and_stops_exact(mtp_checkpoint, referenc
                 wrong = [t if (done + j) % 4 else (t + 1) % 384 for j, t in enumerate(truth)]
                 seq.set_drafts(wrong or seq.draft_token_ids)
 
-    monkeypatch.setattr(engine, "_propose", oracle)
+    monkeypatch.setattr(engine.speculator, "propose", oracle)
     outs = generate(engine, greedy_params())
     assert [o.token_ids for o in outs] == reference
     assert engine.counters["accepted_draft_tokens"] > 10

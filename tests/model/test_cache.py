@@ -107,8 +107,8 @@ def test_cache_entries_of_different_dtypes_keep_their_dtype():
 
 
 def test_latent_keys_are_a_zero_copy_view_of_the_cache_and_equal_the_concatenation():
-    from openglm.model.attention import latent_keys
-    from openglm.model.sparse_dsa import gather_attention
+    from openglm.model.glm5.mla import latent_keys
+    from openglm.model.glm5.sparse_dsa import gather_attention
 
     cache = DynamicCache()
     cache.update(0, _entries(3, 10, 1))
@@ -127,12 +127,22 @@ def test_latent_keys_are_a_zero_copy_view_of_the_cache_and_equal_the_concatenati
     assert torch.allclose(got, gather_attention(q, k_copy, k_copy[..., :6], idx, scale=0.4), atol=1e-6)
 
 
-def test_logits_to_keep_returns_the_last_positions_only():
+def test_hidden_states_then_logits_of_the_last_positions_equal_forward():
+    """The hidden-state entry and the LM head over the positions a caller keeps give forward's logits there, with
+    and without autograd, and on a cache (a chunked prefill's next chunk)."""
     m = _model()
     ids = torch.randint(3, m.config.vocab_size, (2, 9))
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            full = m(ids).logits
+            hidden = m.hidden_states(ids)
+            last = m.logits(m.hidden_states(ids, last=2))
+        assert hidden.shape == (2, 9, m.config.hidden_size) and last.shape == (2, 2, m.config.vocab_size)
+        assert torch.allclose(m.logits(hidden), full, atol=1e-6) and torch.allclose(last, full[:, -2:], atol=1e-6)
     with torch.no_grad():
-        full, last = m(ids).logits, m(ids, logits_to_keep=2).logits
-    assert last.shape == (2, 2, m.config.vocab_size) and torch.allclose(last, full[:, -2:], atol=1e-6)
+        cache = DynamicCache()
+        m.hidden_states(ids[:, :5], cache=cache, last=1)
+        assert torch.allclose(m.logits(m.hidden_states(ids[:, 5:], cache=cache)), full[:, 5:], atol=1e-5)
 
 
 def test_key_shadow_bounds_each_key_within_half_a_step():

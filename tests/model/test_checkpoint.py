@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import openglm
-from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, load_model
+from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, load_model, save_pretrained
 from openglm.model import checkpoint as ckpt
 from openglm.model.errors import TokenIdError
 
@@ -36,7 +36,7 @@ def test_openglm_save_then_transformers_load(tmp_path, tiny_cfg, make_pair, padd
     from transformers import GlmMoeDsaForCausalLM as HFModel
 
     _, ours = make_pair(tiny_cfg, seed=3)
-    ours.save_pretrained(tmp_path / "ours")
+    save_pretrained(ours, tmp_path / "ours")
     on_disk = load_file(str(tmp_path / "ours" / "model.safetensors"))
     assert "model.layers.1.mlp.experts.7.gate_proj.weight" in on_disk  # transformers' on-disk names
     assert not any(k.endswith("gate_up_proj") for k in on_disk)
@@ -50,7 +50,7 @@ def test_openglm_save_then_transformers_load(tmp_path, tiny_cfg, make_pair, padd
 def test_sharded_roundtrip_keeps_options_and_dtype(tmp_path):
     cfg = ModelConfig.from_preset("tiny", router="softmax", capacity_factor=1.5, z_loss_coef=1e-3)
     m = GlmMoeDsaForCausalLM(cfg).to(torch.bfloat16).eval()
-    m.save_pretrained(tmp_path / "c", max_shard_size=20_000)
+    save_pretrained(m, tmp_path / "c", max_shard_size=20_000)
     index = json.loads((tmp_path / "c" / ckpt.INDEX).read_text())
     assert len(set(index["weight_map"].values())) > 1
     loaded = load_model(tmp_path / "c")
@@ -64,7 +64,7 @@ def test_sharded_roundtrip_keeps_options_and_dtype(tmp_path):
 def test_overwrite_is_atomic(tmp_path, monkeypatch):
     cfg = ModelConfig.from_preset("tiny")
     a, b = GlmMoeDsaForCausalLM(cfg), GlmMoeDsaForCausalLM(cfg)
-    a.save_pretrained(tmp_path / "c")
+    save_pretrained(a, tmp_path / "c")
     calls = []
 
     def crash(*args, **kwargs):
@@ -75,13 +75,13 @@ def test_overwrite_is_atomic(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ckpt, "save_file", crash)
     with pytest.raises(OSError):
-        b.save_pretrained(tmp_path / "c", max_shard_size=20_000)
+        save_pretrained(b, tmp_path / "c", max_shard_size=20_000)
     loaded = load_model(tmp_path / "c")  # still the complete old checkpoint
     assert torch.equal(loaded.lm_head.weight, a.lm_head.weight)
     assert [p.name for p in tmp_path.iterdir()] == ["c"]  # no temp directory left behind
     calls.clear()
     with pytest.raises(OSError):
-        b.save_pretrained(tmp_path / "new", max_shard_size=20_000)
+        save_pretrained(b, tmp_path / "new", max_shard_size=20_000)
     assert not (tmp_path / "new").exists()
 
 

@@ -1,19 +1,21 @@
-"""The native decode step (`model/decode_step.py`: three C calls per MLA layer) equals the torch path: logits and
+"""The native decode step (`model/glm5/decode_step.py`: three C calls per MLA layer) equals the torch path: logits and
 cache entries, with DSA selection active (more keys than index_topk), own and shared indexers, group-limited
 routing, several sequences, several new tokens per sequence (speculative verification), dense-kind MLA layers,
 int8 weights, exact ties at the k-th index score, weight updates and forward hooks."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig
 from openglm.model.cache import KeyShadow, _IndexKeyBuffer
-from openglm.model.decode_step import DecodePlan
+from openglm.model.glm5.decode_step import DecodePlan
 from openglm.model.native import decode_kernels
 
-pytestmark = pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the torch path is the only one")
+pytestmark = pytest.mark.needs_native
 CREATE = DecodePlan.create.__func__  # before any test wraps it
 
 
@@ -150,8 +152,7 @@ def test_index_scan_shapes_and_long_rows_select_what_the_torch_path_selects(monk
     assert used == 3 and (a - b).abs().max() <= 1e-5 * b.abs().max()
 
 
-@pytest.mark.skipif(decode_kernels() is None or not decode_kernels().decode_features() & 2,
-                    reason="the key shadow's scan needs AVX512-VNNI")
+@pytest.mark.needs_native("vnni")
 @pytest.mark.parametrize("dtype,topk", [(torch.float32, 4), (torch.bfloat16, 4), (torch.float32, 2)])
 def test_long_rows_select_through_the_key_shadow(monkeypatch, dtype, topk):
     """Past 32 x index_topk keys the scan reads the int8 shadow and rescores only the keys it cannot rule out: the
@@ -230,14 +231,15 @@ def test_padded_batches_and_training_take_the_torch_path(monkeypatch):
 def test_widths_beyond_the_native_buffers_take_the_torch_path(monkeypatch):
     """The native step keeps per-row buffers of the config's widths on the C stack: a checkpoint whose widths pass
     the limit (here lowered to the tiny preset's hidden size) decodes on the torch path instead of overflowing it."""
-    import openglm.model.decode_step as decode_step
+    import openglm.model.glm5.decode_step as decode_step
 
-    monkeypatch.setattr(decode_step, "STEP_MAX_WIDTH", 63)  # tiny: hidden 64
+    limits = decode_step.decode_limits()
+    monkeypatch.setattr(decode_step, "decode_limits", lambda: replace(limits, step_max_width=63))  # tiny: hidden 64
     m = _model("tiny")
     spy = Spy(monkeypatch)
     reference = _decode(m, torch.arange(3, 12)[None], 2)[0]
     assert spy.used == 0 and torch.isfinite(reference).all()
-    monkeypatch.setattr(decode_step, "STEP_MAX_WIDTH", 64)
+    monkeypatch.setattr(decode_step, "decode_limits", lambda: replace(limits, step_max_width=64))
     m = _model("tiny")  # the same weights, built anew under the limit that fits
     assert (_decode(m, torch.arange(3, 12)[None], 2)[0] - reference).abs().max() <= 1e-5 * reference.abs().max()
     assert spy.used == 2

@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, sparse_dsa
-from openglm.model.sparse_dsa import dsa_attention, indexer_topk
+from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
+from openglm.model.glm5 import sparse_dsa
+from openglm.model.glm5.sparse_dsa import dsa_attention, indexer_topk
 
 TOL = 1e-4
 
@@ -52,11 +53,12 @@ def test_topk_covering_every_key_equals_dense_attention(left, padded_batch):
 def test_prefill_selecting_every_key_runs_latent_attention_equal_to_dense_with_and_without_a_cache(monkeypatch):
     """No padding and at most index_topk keys: DSA is causal attention, run by `attend_latent` (own and 'shared'
     layers alike), in one prefill and in a chunked prefill on a cache."""
-    from openglm.model import DynamicCache, attention
+    from openglm.model import DynamicCache
+    from openglm.model.glm5 import mla
 
     calls = []
-    real = attention.attend_latent
-    monkeypatch.setattr(attention, "attend_latent", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = mla.attend_latent
+    monkeypatch.setattr(mla, "attend_latent", lambda *a, **k: calls.append(1) or real(*a, **k))
     dsa, dense = pair()
     ids = torch.randint(3, dsa.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():

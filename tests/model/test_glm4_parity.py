@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import openglm
-from openglm.model import ModelConfig
+from openglm.model import ModelConfig, save_pretrained
 
 TOL = 1e-4
 
@@ -65,7 +65,7 @@ def test_checkpoints_both_directions(variant, tmp_path, make_pair, padded_batch)
     assert loaded.config.model_type == cfg.model_type
     with torch.no_grad():
         assert _masked_diff(ref, loaded(ids, attention_mask=mask).logits, mask) <= TOL
-    ours.save_pretrained(tmp_path / "ours")  # openglm -> transformers
+    save_pretrained(ours, tmp_path / "ours")  # openglm -> transformers
     HFModel = type(hf)
     back = HFModel.from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
     with torch.no_grad():

@@ -1,5 +1,6 @@
-"""Inference-only fast paths (fused projections, grouped expert matmuls, the fp32 LM head) equal the
-training path, and their cached derived weights never go stale."""
+"""Inference-only fast paths (`fast.Inference`: fused projections, grouped expert matmuls, the fp32 LM head, the
+native kernels) equal the reference path (`fast.REFERENCE`, what training differentiates), their cached derived
+weights never go stale, and `fast.choose` picks them only without autograd."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
-from openglm.model.moe import MLP, Experts, native_swiglu_ok
-from openglm.model.native import decode_kernels, heads_linear
+from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, fast
+from openglm.model.derived import derived_weight, fused_rows
+from openglm.model.fast import INFERENCE, REFERENCE
+from openglm.model.moe import MLP, Experts
+from openglm.model.native import heads_linear, swiglu_ok
 from openglm.model.norm import RMSNorm
-from openglm.model.weights import derived_weight, fused_rows
 
 TOL = 1e-5
 
@@ -102,19 +104,20 @@ def _experts(seed: int) -> Experts:
 def _loop(experts, xs, counts):
     """The per-expert matmul loop (the path for experts with many rows)."""
     out = torch.empty_like(xs)
-    experts._swiglu_rows([(e, x, y) for e, (x, y) in enumerate(zip(xs.split(counts), out.split(counts))) if len(x)])
+    groups = [(e, x, y) for e, (x, y) in enumerate(zip(xs.split(counts), out.split(counts))) if len(x)]
+    fast.swiglu_rows(experts, groups)
     return out
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 0.0)])
 def test_grouped_expert_matmuls_equal_the_per_expert_loop(dtype, tol, monkeypatch):
-    monkeypatch.setattr("openglm.model.moe.decode_kernels", lambda: None)  # as without a C compiler
+    monkeypatch.setattr("openglm.model.native.decode_kernels", lambda: None)  # as without a C compiler
     experts = _experts(0).to(dtype)
     with torch.no_grad():
         counts = [2, 0, 1, 3, 0, 0, 1, 1]
         xs = torch.randn(sum(counts), 64, dtype=dtype)
-        assert experts._grouped_mm_ok(dtype) and not native_swiglu_ok(experts.act, xs, experts.gate_up_proj, experts.down_proj)
-        grouped = experts._grouped_inference(xs, counts, torch.empty_like(xs))  # takes the grouped path
+        assert fast.grouped_mm_ok(experts, dtype) and not swiglu_ok(xs, experts.gate_up_proj, experts.down_proj)
+        grouped = INFERENCE.experts(experts, xs, counts)  # takes the grouped path
         loop = _loop(experts, xs, counts)
     assert grouped.dtype == dtype and (grouped.float() - loop.float()).abs().max() <= tol
 
@@ -122,18 +125,18 @@ def test_grouped_expert_matmuls_equal_the_per_expert_loop(dtype, tol, monkeypatc
 def test_bf16_prefill_experts_take_the_grouped_matmul_equal_to_the_per_expert_loop(monkeypatch):
     experts = _experts(1).to(torch.bfloat16)
     calls = []
-    real = experts._grouped_mm
-    monkeypatch.setattr(experts, "_grouped_mm", lambda *a: calls.append(1) or real(*a))
+    real = fast.grouped_mm
+    monkeypatch.setattr(fast, "grouped_mm", lambda *a: calls.append(1) or real(*a))
     with torch.no_grad():
         counts = [9, 0, 12, 5, 0, 7, 6, 10]  # every active expert has more than FEW_ROWS rows: a prefill
         xs = torch.randn(sum(counts), 64, dtype=torch.bfloat16)
-        grouped = experts._grouped_inference(xs, counts, torch.empty_like(xs))
+        grouped = INFERENCE.experts(experts, xs, counts)
         loop = _loop(experts, xs, counts).float()
     assert calls and loop.abs().max() > 0.1
     assert (grouped.float() - loop).abs().max() <= 0.02 * loop.abs().max()
 
 
-@pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the decode kernels cannot be built")
+@pytest.mark.needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_native_expert_kernel_equals_the_per_expert_loop(dtype):
     experts = _experts(2).to(dtype)
@@ -141,8 +144,8 @@ def test_native_expert_kernel_equals_the_per_expert_loop(dtype):
         counts = [2, 0, 1, 8, 0, 0, 1, 3]  # up to the kernel's 8 rows per expert
         xs = torch.randn(sum(counts), 64, dtype=dtype)
         reference = _loop(copy.deepcopy(experts).float(), xs.float(), counts)  # fp32 maths on the same values
-        assert native_swiglu_ok(experts.act, xs, experts.gate_up_proj, experts.down_proj)
-        native = experts._grouped_inference(xs, counts, torch.empty_like(xs))
+        assert swiglu_ok(xs, experts.gate_up_proj, experts.down_proj)
+        native = INFERENCE.experts(experts, xs, counts)
     err = (native.float() - reference).abs().max() / reference.abs().max()
     assert native.dtype == dtype and err <= (1e-6 if dtype == torch.float32 else 4e-3)  # bf16: its final rounding
 
@@ -151,9 +154,24 @@ def test_lm_head_few_rows_path_equals_linear():
     m = _model()
     x = torch.randn(3, 1, m.config.hidden_size)
     with torch.no_grad():
-        out = m.lm_head(x)
+        out = m.logits(x)
     assert out.is_contiguous() and out.shape == (3, 1, m.config.vocab_size)
     assert (out - F.linear(x, m.lm_head.weight)).abs().max() <= 1e-5
+
+
+def test_choose_picks_the_reference_path_under_autograd_or_autocast_and_a_plan_only_without_statistics():
+    x = torch.zeros(1, 1, dtype=torch.long)
+    plans = []
+    with torch.enable_grad():
+        assert fast.choose(x, decode_plan=lambda: plans.append(1) or "plan") is REFERENCE
+    with torch.no_grad():
+        assert fast.choose(x) is INFERENCE
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert fast.choose(x, decode_plan=lambda: plans.append(1) or "plan") is REFERENCE
+        assert fast.choose(x, stats=True, decode_plan=lambda: plans.append(1) or "plan") is INFERENCE
+        assert fast.choose(x, decode_plan=lambda: None) is INFERENCE
+        assert fast.choose(x, decode_plan=lambda: "plan").plan == "plan"
+    assert not plans  # never built where it could not run
 
 
 def test_router_without_probs_routes_the_same():
@@ -169,7 +187,8 @@ def test_bf16_absorbed_products_use_an_fp32_copy_that_follows_updates():
     m = _model(attention_kinds=["dense"] * 3).to(torch.bfloat16)  # dense attention: no top-k flips between the paths
     ids = torch.randint(3, m.config.vocab_size, (2, 12))
     fast, ref = _fast_and_reference(m, ids)
-    assert m.model.layers[0].self_attn._derived_weights["kv_b_fp32"][2].dtype == torch.float32
+    derived = m.model.layers[0].self_attn._derived_weights
+    assert derived["w_uk_t_fp32"][2].dtype == derived["w_uv_fp32"][2].dtype == torch.float32
     scale = ref.float().abs().max()
     assert (fast.float() - ref.float()).abs().max() <= 0.03 * scale
     with torch.no_grad():
@@ -191,7 +210,7 @@ def test_small_batch_expert_sort_equals_the_tensor_sort(monkeypatch):
     assert dropped == 0 and (small - general).abs().max() <= 1e-6
 
 
-@pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the decode kernels cannot be built")
+@pytest.mark.needs_native
 @pytest.mark.parametrize("rows", [1, 8, 9])  # 9: past the kernel's rows, the matmul path
 def test_mlp_decode_rows_equal_the_training_path(rows):
     cfg = ModelConfig.from_preset("tiny", hidden_size=64, intermediate_size=48)
@@ -201,8 +220,8 @@ def test_mlp_decode_rows_equal_the_training_path(rows):
     with torch.enable_grad():
         reference = mlp(x).detach()  # separate gate / up / down Linears
     with torch.no_grad():
-        fast = mlp(x)
-    assert fast.shape == x.shape and (fast - reference).abs().max() <= 1e-6 * reference.abs().max()
+        got = mlp(x)
+    assert got.shape == x.shape and (got - reference).abs().max() <= 1e-6 * reference.abs().max()
 
 
 def test_indexer_blocks_that_see_at_most_topk_keys_take_them_all():
@@ -219,7 +238,7 @@ def test_indexer_blocks_that_see_at_most_topk_keys_take_them_all():
             assert diff[real].max() <= TOL
 
 
-@pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the decode kernels cannot be built")
+@pytest.mark.needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 8])
 def test_heads_linear_kernel_equals_the_per_head_bmm(dtype, rows):
@@ -237,7 +256,7 @@ def test_heads_linear_kernel_equals_the_per_head_bmm(dtype, rows):
     assert out.dtype == dtype and out.shape == (rows, 3, 32) and err <= (1e-6 if dtype == torch.float32 else 4e-3)
 
 
-@pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the decode kernels cannot be built")
+@pytest.mark.needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_step_native_absorption_equals_the_training_path_and_follows_updates(dtype):
     """A one-token step (the native per-head absorption and, in bf16, the native LM head) equals the
@@ -255,11 +274,11 @@ def test_decode_step_native_absorption_equals_the_training_path_and_follows_upda
     assert (fast.float() - ref.float()).abs().max() <= tol * ref.float().abs().max()
 
 
-@pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the decode kernels cannot be built")
+@pytest.mark.needs_native
 def test_native_bf16_rms_norm_equals_the_fp32_computed_torch_path():
-    """bf16 RMSNorm without autograd runs one C call; it equals the torch ops (fp32 statistics, the normalised
+    """bf16 RMSNorm on the inference path runs one C call; it equals the torch ops (fp32 statistics, the normalised
     row rounded to bf16, then the weight product rounded) up to the fp32 sum order: at most a rare 1-ulp
-    difference. Strided input (a slice of a fused projection) too; with autograd the torch ops run."""
+    difference. Strided input (a slice of a fused projection) too; on the reference path the torch ops run."""
     torch.manual_seed(0)
     norm = RMSNorm(256).bfloat16()
     with torch.no_grad():
@@ -268,10 +287,10 @@ def test_native_bf16_rms_norm_equals_the_fp32_computed_torch_path():
     x = wide[..., :256]  # not contiguous
     ref = norm.weight * F.rms_norm(x.float(), (256,), eps=norm.eps).to(torch.bfloat16)
     with torch.no_grad():
-        got = norm(x)
+        got = INFERENCE.norm(norm, x)
     diff = (got.float() - ref.float()).abs()
     assert got.dtype == torch.bfloat16 and got.shape == x.shape
     assert (diff > 0).float().mean() <= 1e-3 and (diff <= ref.float().abs() * 2 ** -7).all()
-    y = norm(x.detach().requires_grad_())
+    y = REFERENCE.norm(norm, x.detach().requires_grad_())
     y.float().sum().backward()
     assert y.grad_fn is not None and torch.equal(y.detach(), ref)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, load_model
+from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, load_model, save_pretrained
 from openglm.model import checkpoint as ckpt
 from openglm.model.errors import (CheckpointError, CheckpointPathError, CheckpointTooLargeError, ConfigError,
                                   CorruptShardError, MissingShardError, MissingTensorError, NonFiniteTensorError,
@@ -29,7 +29,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "model.md"
 @pytest.fixture
 def saved(tmp_path):
     torch.manual_seed(0)
-    GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny")).save_pretrained(tmp_path / "c", max_shard_size=20_000)
+    save_pretrained(GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny")), tmp_path / "c", max_shard_size=20_000)
     return tmp_path / "c"
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, load_model
+from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, load_model, save_pretrained
 from openglm.model.errors import MissingTensorError, UnexpectedTensorError
 
 
@@ -26,7 +26,7 @@ def mtp_model(request):
 def test_next_n_tensors_round_trip(mtp_model, tmp_path):
     n = mtp_model.config.num_hidden_layers
     mtp_model.mtp_extra[f"model.layers.{n}.shared_head.head.weight"] = torch.randn(256, 64)
-    mtp_model.save_pretrained(tmp_path / "c")
+    save_pretrained(mtp_model, tmp_path / "c")
     on_disk = load_file(str(tmp_path / "c" / "model.safetensors"))
     mtp = {k: v for k, v in on_disk.items() if k.startswith(f"model.layers.{n}.")}
     # the DeepSeek-V3-style next-n block, under the layer index after the decoder layers
@@ -42,7 +42,7 @@ def test_next_n_tensors_round_trip(mtp_model, tmp_path):
     assert all(torch.equal(mine[k], theirs[k]) for k in mine if ".mtp_layers." in k)
     assert torch.equal(loaded.mtp_extra[f"model.layers.{n}.shared_head.head.weight"],
                        mtp_model.mtp_extra[f"model.layers.{n}.shared_head.head.weight"])
-    loaded.save_pretrained(tmp_path / "again")
+    save_pretrained(loaded, tmp_path / "again")
     again = load_file(str(tmp_path / "again" / "model.safetensors"))
     assert again.keys() == on_disk.keys() and all(torch.equal(again[k], on_disk[k]) for k in on_disk)
 
@@ -57,14 +57,14 @@ def test_next_n_layer_does_not_change_the_logits(mtp_model):
 
 def test_checkpoint_without_its_declared_next_n_layer_loads_without_it(tmp_path):
     """transformers drops MTP weights on save; such a checkpoint loads as a model without next-n layers."""
-    GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny")).save_pretrained(tmp_path / "c")
+    save_pretrained(GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny")), tmp_path / "c")
     cfg = json.loads((tmp_path / "c" / "config.json").read_text())
     (tmp_path / "c" / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": 1}))
     assert load_model(tmp_path / "c").config.num_nextn_predict_layers == 0
 
 
 def test_incomplete_next_n_layer_names_the_missing_tensor(tmp_path):
-    GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny", num_nextn_predict_layers=1)).save_pretrained(tmp_path / "c")
+    save_pretrained(GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny", num_nextn_predict_layers=1)), tmp_path / "c")
     f = tmp_path / "c" / "model.safetensors"
     tensors = load_file(str(f))
     tensors.pop("model.layers.3.eh_proj.weight")
@@ -75,7 +75,7 @@ def test_incomplete_next_n_layer_names_the_missing_tensor(tmp_path):
 
 def test_layers_beyond_the_declared_ones_are_an_error(tmp_path):
     """A config that declares fewer layers than the checkpoint would load a truncated model: refused."""
-    GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny")).save_pretrained(tmp_path / "c")
+    save_pretrained(GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny")), tmp_path / "c")
     cfg = json.loads((tmp_path / "c" / "config.json").read_text())
     cfg.update(num_hidden_layers=2, mlp_layer_types=["dense", "sparse"], indexer_types=["full", "shared"],
                index_topk_pattern="FS")

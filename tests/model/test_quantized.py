@@ -9,11 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from openglm.engine.quant import quantize_tensor
-from openglm.model.moe import native_swiglu, native_swiglu_ok
-from openglm.model.native import decode_kernels, heads_linear, linear
+from openglm.model.native import swiglu, swiglu_ok
+from openglm.model.native import heads_linear, linear
 from openglm.model.quantized import QuantizedWeight
 
-needs_kernels = pytest.mark.skipif(decode_kernels() is None, reason="no C compiler: the decode kernels cannot be built")
 
 
 def _weight(*shape, dtype=torch.bfloat16, kind="int8", seed=0):
@@ -45,7 +44,7 @@ def test_views_work_under_inference_mode():
     assert torch.equal(split, w.dequantize()[1].t())
 
 
-@needs_kernels
+@pytest.mark.needs_native
 @pytest.mark.parametrize("rows", [1, 2, 3, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_rows_linear_equals_the_dequantised_linear(rows, dtype):
@@ -68,7 +67,7 @@ def test_int8_linear_over_many_bf16_rows_reads_int8_weights():
     assert got.shape == (2, 20, 40) and (got.float() - ref).abs().max() <= 0.02 * ref.abs().max()
 
 
-@needs_kernels
+@pytest.mark.needs_native
 def test_int8_heads_linear_reads_per_head_scales():
     w = _weight(3, 48, 64)[:, 16:]  # a per-head slice of rows, as MLA's W_uv view of kv_b_proj
     x = torch.randn(2, 3, 64)
@@ -78,15 +77,15 @@ def test_int8_heads_linear_reads_per_head_scales():
     assert got is not None and (got - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
-@needs_kernels
+@pytest.mark.needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_expert_kernel_equals_the_dequantised_swiglu(dtype):
     gate_up, down = _weight(5, 64, 32, dtype=dtype, seed=1), _weight(5, 32, 32, dtype=dtype, seed=2)
     counts = [2, 0, 1, 8, 1]
     xs = torch.randn(sum(counts), 32).to(dtype)
-    assert native_swiglu_ok(F.silu, xs, gate_up, down)
+    assert swiglu_ok(xs, gate_up, down)
     with torch.no_grad():
-        got = native_swiglu(xs, counts, gate_up, down).float()
+        got = swiglu(xs, counts, gate_up, down).float()
     ref, start = [], 0
     for e, n in enumerate(counts):
         g, u = F.linear(xs[start:start + n].float(), gate_up.qdata[e].float() * gate_up.scale[e]).chunk(2, -1)
@@ -95,4 +94,4 @@ def test_int8_expert_kernel_equals_the_dequantised_swiglu(dtype):
     ref = torch.cat(ref)
     assert (got - ref).abs().max() <= (1e-5 if dtype == torch.float32 else 8e-3) * ref.abs().max()
     fp8 = _weight(5, 64, 32, dtype=dtype, kind="fp8")
-    assert not native_swiglu_ok(F.silu, xs, fp8, down)  # fp8: the dequantising matmul path
+    assert not swiglu_ok(xs, fp8, down)  # fp8: the dequantising matmul path

@@ -60,7 +60,7 @@ def test_model_aux_loss_weights_the_components_and_backpropagates():
     ids = torch.randint(3, cfg.vocab_size, (2, 10))
     mask = torch.ones_like(ids)
     mask[1, :4] = 0
-    aux = m(ids, attention_mask=mask, return_aux=True).aux
+    aux = m(ids, attention_mask=mask, aux=True).aux
     L = aux.losses
     expected = 0.5 * (L["cv_importance"] + L["cv_load"]) + 0.1 * L["switch"] + 0.01 * L["z"]
     assert aux.aux_loss.item() == pytest.approx(expected.item())
@@ -134,7 +134,7 @@ def test_capacity_drops_tokens_past_the_limit_in_token_order():
 def test_model_reports_dropped_fraction():
     cfg = ModelConfig.from_preset("tiny", capacity_factor=0.5)
     m = GlmMoeDsaForCausalLM(cfg)
-    aux = m(torch.randint(3, cfg.vocab_size, (2, 16)), return_aux=True).aux
+    aux = m(torch.randint(3, cfg.vocab_size, (2, 16)), aux=True).aux
     assert 0.5 <= aux.dropped_fraction < 1.0  # capacity covers at most half the assignments
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from openglm.model.sparse import attention, mla_absorbed
-from openglm.model.sparse_dsa import dsa_attention, gather_attention, indexer_topk
+from openglm.model.glm5.sparse_dsa import dsa_attention, gather_attention, indexer_topk
 from openglm.model.sparse_patterns import SparsePattern, allowed, candidates, key_positions, random_positions
 
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -247,7 +247,7 @@ def test_dsa_rejects_bad_score_dtype_and_scale():
 
 
 def test_topk_prefilter_is_exact_and_falls_back_when_the_sample_overshoots():
-    from openglm.model import sparse_dsa
+    from openglm.model.glm5 import sparse_dsa
     g = torch.Generator().manual_seed(14)
     n_top, tk = 32, 4096  # long enough rows for the prefilter
     sc = torch.randn(2, 5, tk, generator=g)
@@ -263,7 +263,7 @@ def test_topk_prefilter_is_exact_and_falls_back_when_the_sample_overshoots():
 
 
 def test_topk_prefilter_breaks_ties_at_the_kth_score_like_plain_topk():
-    from openglm.model import sparse_dsa
+    from openglm.model.glm5 import sparse_dsa
     g = torch.Generator().manual_seed(17)
     n_top, tk = 32, 4096
     sc = torch.randn(3, tk, generator=g)

@@ -6,11 +6,11 @@ slots anywhere, head sizes other than 64) are exercised one by one."""
 import pytest
 import torch
 
-from openglm.model import native, sparse_dsa
-from openglm.model.sparse_dsa import dsa_attention, gather_attention, indexer_topk
+from openglm.model import native
+from openglm.model.glm5 import sparse_dsa
+from openglm.model.glm5.sparse_dsa import dsa_attention, gather_attention, indexer_topk
 
 TOL = dict(atol=1e-5, rtol=1e-5)
-needs_cc = pytest.mark.skipif(native.dsa_kernels() is None, reason="no C compiler: the torch-op path is all there is")
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def indexer_inputs(b=2, tq=300, tk=400, hi=4, di=8, seed=0):
             torch.rand(b, tq, hi, generator=g) - 0.2)  # some negative head weights, as a trained indexer has
 
 
-@needs_cc
+@pytest.mark.needs_native
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("budget", [1 << 14, 1 << 26])
 def test_native_indexer_selects_the_same_keys_as_the_torch_ops(monkeypatch, masked, budget):
@@ -46,7 +46,7 @@ def test_native_indexer_selects_the_same_keys_as_the_torch_ops(monkeypatch, mask
     assert (fast[:, :, -1] >= 0).all()
 
 
-@needs_cc
+@pytest.mark.needs_native
 def test_native_bf16_indexer_picks_a_top_k_of_its_fp32_head_sum():
     iq, ik, w = indexer_inputs(b=1, tq=200, tk=5000, seed=1)  # rows long enough for the threshold sample
     got = indexer_topk(iq, ik, w, 64, score_dtype=torch.bfloat16)
@@ -72,7 +72,7 @@ def native_rows_topk(rows, n_keys, n_top, n_sample):
     return out
 
 
-@needs_cc
+@pytest.mark.needs_native
 def test_native_row_top_k_handles_ties_overshoot_and_short_rows():
     g = torch.Generator().manual_seed(2)
     n_top, width = 32, 4096
@@ -93,7 +93,7 @@ def test_native_row_top_k_handles_ties_overshoot_and_short_rows():
     assert torch.equal(got[4], torch.cat([torch.full((12,), -1), torch.arange(20)]))
 
 
-@needs_cc
+@pytest.mark.needs_native
 def test_native_row_top_k_at_production_sizes():
     """k = 2048 of up to 40K keys: both selections (sample threshold, k-th candidate) take the bracketing passes."""
     g = torch.Generator().manual_seed(8)
@@ -113,7 +113,7 @@ def test_native_row_top_k_at_production_sizes():
         assert row[slots].min() >= rest.max()
 
 
-@needs_cc
+@pytest.mark.needs_native
 def test_native_row_top_k_keeps_the_first_tied_slots_like_the_torch_path():
     rows = torch.zeros(1, 300)
     rows[0, 250:] = 1.0  # 50 slots above, the rest tied at the k-th score
@@ -131,7 +131,7 @@ def reference_attention(q, k, v, idx, scale):
     return torch.softmax(s, -1).nan_to_num(0.0) @ v
 
 
-@needs_cc
+@pytest.mark.needs_native
 @pytest.mark.parametrize("dk,dv", [(64, 64), (10, 7), (40, 64)])
 def test_native_gather_matches_reference_and_torch_ops(monkeypatch, dk, dv):
     g = torch.Generator().manual_seed(3)
@@ -147,7 +147,7 @@ def test_native_gather_matches_reference_and_torch_ops(monkeypatch, dk, dv):
     assert torch.equal(fast[1, :, 5], torch.zeros_like(fast[1, :, 5]))
 
 
-@needs_cc
+@pytest.mark.needs_native
 def test_native_dsa_attention_equals_torch_ops_over_many_blocks(monkeypatch):
     g = torch.Generator().manual_seed(4)
     b, h, t = 1, 2, 700
@@ -159,7 +159,7 @@ def test_native_dsa_attention_equals_torch_ops_over_many_blocks(monkeypatch):
     torch.testing.assert_close(fast, ops, **TOL)
 
 
-@needs_cc
+@pytest.mark.needs_native
 def test_native_exp_is_accurate_to_a_few_ulp():
     x = torch.cat([torch.linspace(-87.0, 0.0, 100_001), torch.tensor([-1e-30, -0.0, -100.0])])
     got = x.clone()

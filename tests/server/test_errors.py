@@ -5,6 +5,8 @@ import pytest
 
 from openai import AuthenticationError, BadRequestError, NotFoundError, OpenAI
 
+from openglm.server.limits import ServerLimits
+
 CHAT = "/v1/chat/completions"
 CMPL = "/v1/completions"
 MSG = [{"role": "user", "content": "hi"}]
@@ -98,7 +100,7 @@ def test_overload_is_503_with_retry_after(start_server):
     the others complete."""
     import asyncio
 
-    url, engine = start_server(max_queue=2, num_kv_blocks=64)
+    url, engine = start_server(num_kv_blocks=64, limits=ServerLimits(max_queue=2))
 
     async def one(c):
         return await c.post("/v1/completions", json={"model": "tiny-test", "prompt": "go", "max_tokens": 40,

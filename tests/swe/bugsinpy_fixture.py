@@ -20,7 +20,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from openglm.swe.gitutil import git
+from openglm.util.git import git
 
 PRICES_V0 = '''
 """Prices with tax and discounts."""

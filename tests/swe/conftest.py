@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from openglm.swe.gitutil import git, init_repo, unified_diff
+from openglm.util.git import git, init_repo, unified_diff
 
 sys.path.insert(0, os.path.dirname(__file__))  # bugsinpy_fixture.py (tests use --import-mode=importlib)
 

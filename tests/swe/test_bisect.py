@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from openglm.swe.bisect import bisect
-from openglm.swe.gitutil import git
+from openglm.util.git import git
 
 
 def test_finds_first_bad_commit(make_repo, commit_all):

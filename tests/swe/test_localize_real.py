@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from openglm.cli import main
-from openglm.swe.gitutil import git
+from openglm.util.git import git
 from openglm.swe.localize import LocalizeConfig, localize
 from openglm.swe.testrun import InterpreterError, resolve_python
 

@@ -23,7 +23,7 @@ CONVERSATION = [
 ]
 
 TOOLS_TURN = (
-    "<|system|># Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
     '{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", '
     '"parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}\n'
@@ -48,7 +48,8 @@ CHECKPOINT_TEMPLATE = """[gMASK]<sop>
 {%- if c is string -%}{{ c }}{%- elif c is iterable -%}{%- for p in c -%}{{ p.text }}{%- endfor -%}{%- endif -%}
 {%- endmacro -%}
 {%- if tools -%}
-<|system|># Tools
+<|system|>
+# Tools
 
 You may call one or more functions to assist with the user query.
 

@@ -50,20 +50,16 @@ def test_tiny_preset_trains_from_the_cli(tmp_path, corpus_dir):
     assert resolve_checkpoint(out).name == "step_0000002"
 
 
-class _Model:
-    """Stands in for a model: save_pretrained writes a weights file the way the real one does."""
+def _model():
+    """A one-layer tiny model (what a checkpoint holds does not matter here)."""
+    from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
 
-    def save_pretrained(self, path):
-        from openglm.model.checkpoint import save_pretrained
-        from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
-
-        save_pretrained(GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny", num_hidden_layers=1,
-                                                                     indexer_types=["full"])), path)
+    return GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny", num_hidden_layers=1, indexer_types=["full"]))
 
 
 def test_kill_between_the_renames_of_a_resave_leaves_a_checkpoint(tmp_path, monkeypatch):
     root = tmp_path / "checkpoints"
-    save_checkpoint(tmp_path, 5, _Model(), {"step": 5})
+    save_checkpoint(tmp_path, 5, _model(), {"step": 5})
     real_replace = os.replace
 
     def killed_after_moving_the_old_copy(src, dst):
@@ -73,7 +69,7 @@ def test_kill_between_the_renames_of_a_resave_leaves_a_checkpoint(tmp_path, monk
 
     monkeypatch.setattr(os, "replace", killed_after_moving_the_old_copy)
     with pytest.raises(SystemExit):
-        save_checkpoint(tmp_path, 5, _Model(), {"step": 5})
+        save_checkpoint(tmp_path, 5, _model(), {"step": 5})
     monkeypatch.undo()
     assert not (root / "step_0000005").exists()  # the window the kill hit
     assert resolve_checkpoint(tmp_path) == root / "step_0000005"  # recovered, not "nothing at the path"
@@ -85,7 +81,7 @@ def test_leftover_temp_folders_are_pruned(tmp_path):
     for name in ("..tmp-step_0000003-abc.tmp-x", ".tmp-step_0000003-y", ".step_0000003.tmp-z", ".old-step_0000002-1"):
         (root / name).mkdir(parents=True)
         (root / name / "model.safetensors").write_bytes(b"w")
-    save_checkpoint(tmp_path, 4, _Model(), {"step": 4})
+    save_checkpoint(tmp_path, 4, _model(), {"step": 4})
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_0000004"]
 
 

@@ -8,11 +8,13 @@ using), so the diff includes edits made outside the agent and new files; the tas
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 
+from openglm.util.git import run_git
+
 MAX_DIFF = 400_000  # characters of patch text sent to the page
+GIT_TIMEOUT_S = 120
 
 
 class DiffError(RuntimeError):
@@ -20,14 +22,15 @@ class DiffError(RuntimeError):
 
 
 def _git(env, cwd, *args) -> str:
-    p = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, timeout=120)
-    if p.returncode != 0:
-        raise DiffError(f"git {args[0]}: {p.stderr.decode(errors='replace').strip()}")
-    return p.stdout.decode("utf-8", "replace")
+    p = run_git(args, cwd, env=env, timeout=GIT_TIMEOUT_S, text=True)
+    if not p.ok:
+        raise DiffError(f"git {args[0]}: {p.stderr.strip() or f'no answer in {GIT_TIMEOUT_S}s'}")
+    return p.stdout
 
 
 def snapshot_vs_workspace(git_dir: Path, workspace: str, snapshot: str) -> dict:
-    """{"stat": ..., "patch": ..., "truncated": bool, "files": n} of `snapshot` -> current workspace."""
+    """{"stat": ..., "patch": ..., "truncated": bool, "files": n, "name_status": ["A\tpath", ...]} of `snapshot` ->
+    current workspace (a path added there is one a rollback deletes)."""
     if not (git_dir / "HEAD").exists():
         raise DiffError(f"no snapshots yet in {git_dir}")
     with tempfile.TemporaryDirectory(prefix="openglm-diff-") as tmp:
@@ -37,7 +40,7 @@ def snapshot_vs_workspace(git_dir: Path, workspace: str, snapshot: str) -> dict:
         _git(env, workspace, "read-tree", snapshot)  # stat-less entries: add -A rehashes what differs
         _git(env, workspace, "add", "-A")
         stat = _git(env, workspace, "diff", "--cached", "--stat=120", snapshot)
-        names = _git(env, workspace, "diff", "--cached", "--name-status", snapshot)
+        names = _git(env, workspace, "diff", "--cached", "--name-status", "--no-renames", snapshot)
         patch = _git(env, workspace, "diff", "--cached", "--no-color", snapshot)
     return {"snapshot": snapshot, "stat": stat, "files": len(names.splitlines()),
             "name_status": names.splitlines()[:2000],

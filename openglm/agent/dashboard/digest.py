@@ -10,7 +10,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from openglm.agent.task import ConstraintError, Task, parse_constraints
+from openglm.agent.task import TERMINAL, ConstraintError, Task, parse_constraints
 
 MAX_ALERTS = 50  # newest alerts kept per task
 
@@ -54,13 +54,23 @@ class Digest:
                 self._alert(e, "error", f"budget exhausted: {d}")
             elif e.kind == "state" and d.get("state") != "QUEUED":  # the run ended: its monitor with it
                 self.crossed.clear()
+            if e.kind == "state" and d.get("state") == "QUEUED":  # resumed: why it was paused is history
+                self.alerts = deque((a for a in self.alerts if not a.get("pause")), maxlen=MAX_ALERTS)
             if e.kind == "state" and d.get("state") in ("FAILED", "TIMED_OUT", "NEEDS_INPUT"):
                 self._alert(e, "error" if d["state"] != "NEEDS_INPUT" else "input",
                             f"{d['state']}: {d.get('reason', '')}")
+            elif e.kind == "state" and d.get("state") == "PAUSED" and _unplanned(str(d.get("reason", ""))):
+                self._alert(e, "error", f"PAUSED: {d.get('reason', '')}", pause=True)
 
     def _alert(self, e, level: str, text: str, **reading):
         self.alerts.append({"ts": e.ts, "seq": e.seq, "step": e.step, "level": level, "kind": e.kind,
                             "text": text[:300], **reading})
+
+
+def _unplanned(reason: str) -> bool:
+    """A pause nobody asked for (model unavailable, disk full, the store, the resource monitor) is an alert;
+    a user's pause is not, and a budget's has its own (`budget_exhausted`)."""
+    return reason != "paused by request" and not reason.startswith("budget exhausted")
 
 
 def _short(x):
@@ -77,6 +87,7 @@ def summary(task: Task, digest: Digest, now: float | None = None) -> dict:
         timeout, max_steps, max_tokens = c.timeout_s, c.max_steps, c.max_tokens
     except ConstraintError:  # a record written by another version: show it, do not fail the page
         timeout, max_steps, max_tokens = None, 0, None
+    finished = task.state in {s.value for s in TERMINAL}
     elapsed = task.active_s
     if task.state == "RUNNING" and task.started_at:  # active_s is written at each step; add the current one
         elapsed = max(elapsed, task.active_s + max(0.0, now - max(digest.last_event_ts, task.started_at)))
@@ -85,7 +96,7 @@ def summary(task: Task, digest: Digest, now: float | None = None) -> dict:
     phase = {"name": digest.phase or task.phase, "steps": pd.get("phase_steps"),
              "elapsed_s": (elapsed - pd["phase_started_s"]) if isinstance(pd.get("phase_started_s"), (int, float)) else None,
              "budget": phase_budget}
-    if phase_budget:  # the larger share of its steps or its minutes spent
+    if phase_budget and not finished:  # the larger share of its steps or its minutes spent
         shares = [phase["steps"] / phase_budget["steps"] if phase["steps"] is not None and phase_budget.get("steps") else 0,
                   phase["elapsed_s"] / (60 * phase_budget["minutes"])
                   if phase["elapsed_s"] is not None and phase_budget.get("minutes") else 0]
@@ -99,13 +110,16 @@ def summary(task: Task, digest: Digest, now: float | None = None) -> dict:
         "id": task.id, "objective": task.objective[:300], "state": task.state, "reason": task.reason[:300],
         "control": task.control, "worker": task.worker, "created_at": task.created_at, "updated_at": task.updated_at,
         "phase": phase,
+        # a finished task has no time left; the clock runs only while a worker runs the task
         "time": {"elapsed_s": elapsed, "timeout_s": timeout,
-                 "remaining_s": None if timeout is None else max(0.0, timeout - elapsed),
-                 "used": None if not timeout else min(1.0, elapsed / timeout)},
+                 "remaining_s": None if timeout is None or finished else max(0.0, timeout - elapsed),
+                 "used": None if not timeout or finished else min(1.0, elapsed / timeout),
+                 "clock": "finished" if finished else "running" if task.state == "RUNNING" else "stopped"},
         "steps": {"committed": task.step, "max": max_steps, "model_calls": task.model_calls},
         "last_activity": {"ts": digest.last_event_ts or task.updated_at, "kind": digest.last_event_kind},
         "cost": {"prompt_tokens": task.prompt_tokens, "completion_tokens": task.completion_tokens,
                  "tokens": tokens, "max_tokens": max_tokens},
-        "alerts": active + alerts[-5:][::-1],  # still-crossed thresholds first, then the newest "alert_count": len(active) + len(alerts),
+        "alerts": active + alerts[-5:][::-1],  # still-crossed thresholds first, then the newest
+        "alert_count": len(active) + len(alerts),
         "resources": task.resources,
     }

@@ -163,9 +163,11 @@ def mount(app: FastAPI, store, config: AgentConfig) -> Hub:
         sha = rebuild([], store.all_events(task_id)).steps.get(step)
         if sha is None:
             raise ConstraintError("step", f"{step!r} is not a committed step of the current history")
+        created = Path(config.data_dir).resolve() / "workspaces" / task_id  # else the user's own folder
+        where = {"workspace": task.workspace, "in_place": Path(task.workspace).resolve() != created}
         try:
-            return {"step": step, **snapshot_vs_workspace(config.task_dir(task_id).resolve() / "snapshots.git",
-                                                          task.workspace, sha)}
+            return {"step": step, **where, **snapshot_vs_workspace(config.task_dir(task_id).resolve() / "snapshots.git",
+                                                                   task.workspace, sha)}
         except DiffError as e:
             return JSONResponse({"detail": str(e)}, status_code=409)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 
 class ModelError(RuntimeError):
@@ -33,6 +34,12 @@ class ModelResponse:
     completion_tokens: int = 0
     model: str = ""
     reasoning: str = ""  # the model's reasoning_content (GLM thinking), sent back per clear_thinking
+    finish_reason: str = ""  # the endpoint's: "stop", "tool_calls", "length" (cut off by the reply cap), ...
+    truncation: str = ""  # when cut off: what capped the reply, in words (the max_tokens setting, the window)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
 
     def to_message(self) -> dict:
         msg = {"role": "assistant", "content": self.content}
@@ -52,13 +59,16 @@ class ModelResponse:
         return cls(**{**d, "tool_calls": calls})
 
 
-class Model:
-    """Interface. `name` is recorded with every response."""
+class Model(Protocol):
+    """What the step loop asks for the next action. The clients (OpenAI-compatible, replay), FallbackModel
+    and the hook layers' model wrappers are all Models; `name` is recorded with every response."""
 
     name: str = "model"
 
     def query(self, messages: list[dict], tools: list[dict] | None = None) -> ModelResponse:
-        raise NotImplementedError
+        """The model's next turn for the conversation `messages`, offered `tools` (OpenAI tool specs).
+        Raises ModelError when no answer comes (ContextOverflowError: the conversation does not fit)."""
+        ...
 
 
 def estimate_tokens(messages: list[dict]) -> int:

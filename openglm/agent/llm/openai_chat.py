@@ -11,6 +11,9 @@ Context management, so a long task never overflows the endpoint's window:
   tool call keeps its tool reply (OpenAI's ordering rules);
 - `reasoning_content` of assistant turns is sent only after the last user message (GLM's
   `clear_thinking`), unless `clear_thinking=False`;
+- a reply cut off by `max_tokens` (finish_reason "length") is marked `truncated`, with what capped it in
+  `truncation`; a tool call cut inside its arguments is dropped (the loop tells the model why); when the
+  window's share rather than `max_tokens` capped the reply, later requests leave the reply half the window;
 - a 400 "context length exceeded" from the endpoint (the estimate was off) refits to half the budget and
   retries; when even that fails it raises `ContextOverflowError` (the ladder's `context_limit` class:
   condense and retry), not "model unavailable".
@@ -40,6 +43,7 @@ class OpenAIChatModel(Model):
         self.tool_choice, self.extra_body = tool_choice, dict(extra_body or {})
         self.clear_thinking, self.keep_turns = clear_thinking, keep_turns
         self._window = context_window
+        self.reply_share = 4  # a reply gets at most 1/reply_share of the window (2 once a reply was cut by it)
         self.chars_per_token = CHARS_PER_TOKEN  # recalibrated from the endpoint's own prompt token counts
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(timeout=timeout, headers=headers)
@@ -69,7 +73,7 @@ class OpenAIChatModel(Model):
         tools_chars = len(json.dumps(tools or [], ensure_ascii=False))
         for attempt in range(3):
             cpt = self.chars_per_token
-            reply_tokens = min(self.max_tokens, max(16, budget // 4))
+            reply_tokens = min(self.max_tokens, max(16, budget // self.reply_share))
             prompt_budget = budget - reply_tokens - int(tools_chars / cpt)
             fitted = fit_messages(messages, prompt_budget, self.keep_turns, self.clear_thinking, cpt)
             sent_chars = _chars(fitted) + tools_chars
@@ -85,11 +89,22 @@ class OpenAIChatModel(Model):
                 budget //= 2  # the estimate was optimistic: fit tighter and retry
                 continue
             response = self._parse(r)
+            if response.truncated:
+                response.truncation = self._truncated(body["max_tokens"], budget)
             if response.prompt_tokens > 0:  # the endpoint's count: estimate with its ratio (10% margin)
                 self.chars_per_token = min(CHARS_PER_TOKEN, 0.9 * sent_chars / response.prompt_tokens)
             return response
         raise ContextOverflowError(f"{self.name} at {self.base_url}: the conversation does not fit the "
                                    f"{self.context_window}-token context window even condensed (context length exceeded)")
+
+    def _truncated(self, sent: int, window: int) -> str:
+        """Why a reply was cut off at `sent` tokens, in words for the model and the log. When the window's
+        share, not the max_tokens setting, was the cap, later requests leave the reply half the window."""
+        if sent >= self.max_tokens:
+            return f"the reply cap (max_tokens={self.max_tokens} in the model spec)"
+        self.reply_share = 2
+        return (f"the {sent} tokens the {window}-token context window left for the reply (max_tokens="
+                f"{self.max_tokens}); later requests leave the reply up to half the window")
 
     def _post(self, body: dict) -> httpx.Response:
         try:
@@ -102,14 +117,17 @@ class OpenAIChatModel(Model):
             raise ModelError(f"{self.name} at {self.base_url}: HTTP {r.status_code}: {r.text[:500]}")
         try:
             data = r.json()
-            msg = data["choices"][0]["message"]
+            choice = data["choices"][0]
+            msg, finish = choice["message"], choice.get("finish_reason") or ""
             calls = [ToolCall(name=c["function"]["name"], arguments=_args(c["function"].get("arguments")),
                               id=c.get("id") or f"call_{i}") for i, c in enumerate(msg.get("tool_calls") or [])]
+            if finish == "length":  # a call cut off inside its arguments is not run with half of them
+                calls = [c for c in calls if "_raw" not in c.arguments]
             usage = data.get("usage") or {}
             return ModelResponse(content=msg.get("content") or "", tool_calls=calls,
                                  prompt_tokens=usage.get("prompt_tokens", 0),
                                  completion_tokens=usage.get("completion_tokens", 0), model=data.get("model", self.name),
-                                 reasoning=msg.get("reasoning_content") or "")
+                                 reasoning=msg.get("reasoning_content") or "", finish_reason=finish)
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise ModelError(f"{self.name}: malformed reply ({e}): {r.text[:500]}") from e
 

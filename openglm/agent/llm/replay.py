@@ -1,6 +1,7 @@
 """The replay model: scripted assistant turns from a JSONL file, for tests and demos.
 
-Each line is one turn: {"content": "...", "tool_calls": [{"name": "bash", "arguments": {...}}]}.
+Each line is one turn: {"content": "...", "tool_calls": [{"name": "bash", "arguments": {...}}]}, optionally
+with "finish_reason" ("length": a reply cut off by max_tokens) and "truncation" (what cut it).
 The turn served is chosen by how many assistant messages the conversation already holds, so the
 model is stateless: a resumed run asks for exactly the turn it needs. `calls_log` (optional) gets
 one line per call ("turn unix_time"), which lets the kill test prove no recorded call was paid
@@ -49,4 +50,5 @@ class ReplayModel(Model):
         content = turn.get("content", "")
         return ModelResponse(content=content, tool_calls=calls, prompt_tokens=estimate_tokens(messages),
                              completion_tokens=estimate_tokens([{"content": content, "tool_calls": turn.get("tool_calls")}]),
-                             model=self.name)
+                             model=self.name, finish_reason=turn.get("finish_reason", ""),
+                             truncation=turn.get("truncation", ""))

@@ -2,24 +2,28 @@
 
     from openglm.agent.resilience import ResilienceConfig, ResourceMonitor, RecoveryLadder
 
-One module per concern: `config` (typed settings), `ladder` (failures, the five-level recovery
-ladder, the plan), `monitor` (probes, leak detection, actuators, the resource monitor), `guard`
-(stuck detection, budgets, the per-step guard), `hooks` (the plug-in into the runtime's hooks:
-model/tool wrappers, monitor, budgets, routes and metrics).
+One module per concept: `config` (typed settings); what the monitor reads and does: `process_tree`,
+`probes`, `leak` (leak estimate), `monitor`; recovery: `ladder` (failures, the five-level ladder, the
+one retry loop), `plan` (the goal tree L4 rebuilds); inside a run: `guard` (after each step), `stuck`
+(stuck detection), `budget`; the plug-in: `calls` (the model and tool wrappers), `hooks` (the runtime's
+hooks), `metrics` (Prometheus) and `routes` (the budget route).
 """
 
+from .budget import BudgetExceeded, BudgetTracker, raise_budget
 from .config import (Action, BudgetConfig, LadderConfig, LadderPolicy, Level, MonitorConfig, ResilienceConfig,
                      StuckConfig, Threshold)
-from .guard import BudgetExceeded, BudgetTracker, StepDigest, StuckDetector, StuckSignal, condense_loop
-from .hooks import ResilienceMetrics
-from .ladder import (ClassifiedError, Decision, Escalation, Failure, GoalTree, RecoveryLadder, call_with_recovery,
-                     classify, parse_plan)
-from .monitor import Alert, LeakDetector, ResourceMonitor, theil_sen
+from .hooks import ResilienceHooks
+from .ladder import ClassifiedError, Decision, Escalation, Failure, RecoveryLadder, classify, retry_call
+from .leak import LeakDetector, theil_sen
+from .metrics import ResilienceMetrics
+from .monitor import Alert, ResourceMonitor
+from .plan import GoalTree, parse_plan
+from .stuck import StepDigest, StuckDetector, StuckSignal, condense_loop
 
 __all__ = [
     "Action", "Alert", "BudgetConfig", "BudgetExceeded", "BudgetTracker", "ClassifiedError", "Decision",
     "Escalation", "Failure", "GoalTree", "LadderConfig", "LadderPolicy", "LeakDetector", "Level",
-    "MonitorConfig", "RecoveryLadder", "ResilienceConfig", "ResilienceMetrics", "ResourceMonitor",
-    "StepDigest", "StuckConfig", "StuckDetector", "StuckSignal", "Threshold", "call_with_recovery",
-    "classify", "condense_loop", "parse_plan", "theil_sen",
+    "MonitorConfig", "RecoveryLadder", "ResilienceConfig", "ResilienceHooks", "ResilienceMetrics",
+    "ResourceMonitor", "StepDigest", "StuckConfig", "StuckDetector", "StuckSignal", "Threshold", "classify",
+    "condense_loop", "parse_plan", "raise_budget", "retry_call", "theil_sen",
 ]

@@ -1,6 +1,6 @@
-"""Typed configuration of the resilience layer; the defaults are the write-ups' numbers.
+"""Typed configuration of the resilience layer; the defaults are the design's numbers.
 
-000 §1.2 and 001 §3.2: CPU > 85% -> reduce batch size; memory growth > 10 MB/min (or > 2 MB/h over
+CPU > 85% -> reduce batch size; memory growth > 10 MB/min (or > 2 MB/h over
 long windows) -> restart the container; GPU ECC errors > 5 -> CPU mode; disk < 5 GB -> warn;
 ping > 3 s -> outage. Errors escalate: retry 3x -> 2 alternatives -> snapshot rollback -> re-plan ->
 ask a human. Tests build compressed variants of these configs (short windows, fast sampling).
@@ -39,7 +39,7 @@ def _default_thresholds() -> dict[str, Threshold]:
     return {
         # percent of the task's CPU allotment (its resource constraint, else the machine's cores)
         "cpu_percent": Threshold(85.0, Action.REDUCE_PARALLELISM, sustain=3),
-        # robust growth rates of the tree's RSS (bytes/s); see monitor.py (LeakDetector). The short rule must hold for
+        # robust growth rates of the tree's RSS (bytes/s); see leak.py (LeakDetector). The short rule must hold for
         # 12 samples (1 minute at 5 s): a big allocation held for a while looks like growth until freed.
         "rss_growth_short": Threshold(10 * MB / 60.0, Action.RESTART_TREE, sustain=12),
         "rss_growth_long": Threshold(2 * MB / 3600.0, Action.RESTART_TREE, sustain=12),

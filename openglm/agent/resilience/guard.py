@@ -3,272 +3,48 @@
 A step *fails* when verification breaks (L3 first: back to the last green snapshot), when the agent
 loops (stuck detection), or when `failure_streak` steps in a row had a failing tool call (a failing
 approach). A failure asks the ladder for a decision, which is carried out here: L2 tells the model
-to use an alternative, L3 rolls the workspace back, L4 asks for a new plan (the goal tree lives in
-the log as `plan` events), L5 stops the task in NEEDS_INPUT with a question. Everything is an event,
-and the ladder/plan state is logged (`resilience_state`) so a resumed run, in any process, continues.
-
-Also in this module:
-
-- Stuck detection: an agent repeating itself is a failure for the ladder, not a reason to burn tokens.
-
-  Signals (each names the looping steps so they can be condensed out of the context):
-  identical action/observation pairs in a row, identical errors in a row, an alternating cycle
-  (A B A B A B, period 2..max_period), no workspace change for N steps, repeated context-limit errors.
-
-- Budgets: wall clock (the task's timeout), tokens and cost, raisable while a task runs or is paused.
-
-  Wall-clock time counts while the task runs: a paused task (waiting for a human, or for a raise of
-  its budget) does not spend it. The state is a plain dict, so it survives a resume in another process.
+to use an alternative, L3 rolls the workspace back, L4 asks for a new plan (a `replan` event; the
+goal tree is logged with the guard's state), L5 stops the task in NEEDS_INPUT with a question. Everything is an event
+(the run applies the ones that change the model's context as it logs them), and the ladder/plan state
+is logged (`resilience_state`) so a resumed run, in any process, continues.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import threading
-import time
-from collections import deque
-from dataclasses import dataclass
 
 from openglm.agent.store import LeaseLost
+from openglm.agent.tools import CONTROL_TOOLS
 
-from .config import BudgetConfig, Level, ResilienceConfig, StuckConfig
-from .ladder import Decision, Failure, GoalTree, RecoveryLadder, parse_plan
-from .monitor import Parallelism
-
-
-CONTROL = {"submit", "ask_user", "_no_action"}  # the runtime's own tools: not work the agent repeats
-
-
-@dataclass
-class StepDigest:
-    """What stuck detection compares of a committed step (the runtime's `agent.hooks.StepRecord`)."""
-
-    index: int
-    action: str
-    observation: str = ""
-    error: str | None = None
-    workspace_changed: bool = False
-    context_limit: bool = False
-
-    @classmethod
-    def of(cls, record) -> "StepDigest":
-        response = record.response
-        action = json.dumps([(c.name, c.arguments) for c in getattr(response, "tool_calls", [])] or
-                            getattr(response, "content", ""), sort_keys=True, default=str)
-        obs = "\n".join(str(o.get("output", "")) for o in record.observations)
-        errors = [str(o.get("output", ""))[-300:] for o in record.observations
-                  if not o.get("ok", True) and o["name"] not in CONTROL]
-        context_limit = any("context" in e.lower() and "limit" in e.lower() for e in errors)
-        return cls(record.step, action, obs, errors[0] if errors else None, record.changed, context_limit)
+from .config import Level, ResilienceConfig
+from .ladder import Decision, Failure, RecoveryLadder
+from .plan import GoalTree, parse_plan
+from .stuck import StepDigest, StuckDetector
 
 
-@dataclass
-class StuckSignal:
-    kind: str  # repeated_pair | repeated_error | cycle | no_progress | context_limit
-    steps: list[int]  # the looping steps
-    detail: str
+class Parallelism:
+    """The task's parallelism / model batch knob: halved on CPU overload, never below `minimum`."""
 
-    @property
-    def error_class(self) -> str:
-        return "context_limit" if self.kind == "context_limit" else "stuck"
+    def __init__(self, value: int, minimum: int = 1):
+        self.initial = self.value = value
+        self.minimum = minimum
+        self._lock = threading.Lock()
 
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "steps": self.steps, "detail": self.detail}
+    def reduce(self) -> int:
+        with self._lock:
+            self.value = max(self.minimum, self.value // 2)
+            return self.value
 
-
-def _norm(text: str) -> str:
-    # Timestamps, durations and pids differ between otherwise identical observations and errors.
-    return re.sub(r"\d+(\.\d+)?", "#", " ".join((text or "").split()))
-
-
-def _key(step: StepDigest) -> tuple[str, str]:
-    # Actions compare exactly (`echo 1` and `echo 2` are different work); observations without numbers.
-    return " ".join(step.action.split()), _norm(step.observation)
-
-
-class StuckDetector:
-    def __init__(self, config: StuckConfig | None = None):
-        self.config = config or StuckConfig()
-        c = self.config
-        keep = max(c.repeat_pairs, c.repeat_errors, c.cycle_repeats * c.max_period, c.context_limit_errors)
-        self.recent: deque[StepDigest] = deque(maxlen=keep)
-        self.unchanged: list[int] = []  # steps since the last workspace change
-
-    def reset(self):
-        self.recent.clear()
-        self.unchanged = []
-
-    def observe(self, step: StepDigest) -> StuckSignal | None:
-        """Feed one finished step; returns a signal (and forgets the loop) when the agent is stuck."""
-        self.recent.append(step)
-        self.unchanged = [] if step.workspace_changed else self.unchanged + [step.index]
-        signal = (self._context_limit() or self._repeated_error() or self._repeated_pair()
-                  or self._cycle() or self._no_progress())
-        if signal is not None:
-            self.reset()
-        return signal
-
-    def _tail(self, n: int) -> list[StepDigest]:
-        return list(self.recent)[-n:] if len(self.recent) >= n else []
-
-    def _repeated_pair(self):
-        tail = self._tail(self.config.repeat_pairs)
-        keys = {_key(s) for s in tail}
-        if tail and len(keys) == 1:
-            return StuckSignal("repeated_pair", [s.index for s in tail],
-                               f"the same action and observation {len(tail)} times: {tail[0].action[:120]!r}")
-
-    def _repeated_error(self):
-        tail = self._tail(self.config.repeat_errors)
-        if tail and all(s.error for s in tail) and len({_norm(s.error) for s in tail}) == 1:
-            return StuckSignal("repeated_error", [s.index for s in tail],
-                               f"the same error {len(tail)} times: {tail[0].error[:200]!r}")
-
-    def _cycle(self):
-        for period in range(2, self.config.max_period + 1):
-            tail = self._tail(period * self.config.cycle_repeats)
-            if not tail:
-                continue
-            keys = [_key(s) for s in tail]
-            if len(set(keys[:period])) > 1 and all(keys[i] == keys[i % period] for i in range(len(keys))):
-                return StuckSignal("cycle", [s.index for s in tail],
-                                   f"a cycle of {period} actions repeated {self.config.cycle_repeats} times")
-
-    def _no_progress(self):
-        if len(self.unchanged) >= self.config.no_change_steps:
-            return StuckSignal("no_progress", list(self.unchanged),
-                               f"no workspace change for {len(self.unchanged)} steps")
-
-    def _context_limit(self):
-        tail = self._tail(self.config.context_limit_errors)
-        if tail and all(s.context_limit for s in tail):
-            return StuckSignal("context_limit", [s.index for s in tail],
-                               f"{len(tail)} context-limit errors in a row")
-
-
-def condense_loop(turns: list, loop_steps: list[int], step_of, summary) -> list:
-    """Drop the turns of the looping steps from a context, leaving one summary turn in their place.
-
-    step_of(turn) -> step index or None; summary: the turn that replaces them. The first looping
-    turn is kept (the model should see what it tried, once), the repeats go.
-    """
-    drop = set(loop_steps[1:])
-    out, placed = [], False
-    for turn in turns:
-        step = step_of(turn)
-        if step in drop:
-            if not placed:
-                out.append(summary)
-                placed = True
-            continue
-        out.append(turn)
-    return out
-
-
-# USD per million tokens (input, output). Local models cost nothing; callers add their providers.
-DEFAULT_PRICES: dict[str, tuple[float, float]] = {}
-
-
-@dataclass
-class BudgetExceeded:
-    kind: str  # wall_clock | tokens | cost
-    used: float
-    limit: float
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "used": self.used, "limit": self.limit}
-
-    def __str__(self) -> str:
-        return f"{self.kind} budget exhausted: used {self.used:g} of {self.limit:g}"
-
-
-class BudgetTracker:
-    def __init__(self, config: BudgetConfig | None = None, prices: dict | None = None,
-                 clock=time.monotonic):
-        self.config = config or BudgetConfig()
-        self.prices = dict(DEFAULT_PRICES if prices is None else prices)
-        self.clock = clock
-        self.tokens = 0
-        self.cost = 0.0
-        self.elapsed_before = 0.0  # running time accumulated before the current run
-        self._running_since: float | None = None
-
-    # -- accounting -----------------------------------------------------------------------------
-    def start(self):
-        if self._running_since is None:
-            self._running_since = self.clock()
-
-    def stop(self):
-        """Pause the wall clock (the task is paused or the worker is giving it up)."""
-        if self._running_since is not None:
-            self.elapsed_before += self.clock() - self._running_since
-            self._running_since = None
-
-    @property
-    def elapsed(self) -> float:
-        run = self.clock() - self._running_since if self._running_since is not None else 0.0
-        return self.elapsed_before + run
-
-    def charge(self, prompt_tokens: int = 0, completion_tokens: int = 0, model: str | None = None,
-               cost: float | None = None):
-        self.tokens += int(prompt_tokens) + int(completion_tokens)
-        if cost is None and model in self.prices:
-            price_in, price_out = self.prices[model]
-            cost = (prompt_tokens * price_in + completion_tokens * price_out) / 1e6
-        self.cost += cost or 0.0
-
-    def exceeded(self) -> BudgetExceeded | None:
-        c = self.config
-        if c.max_tokens is not None and self.tokens >= c.max_tokens:
-            return BudgetExceeded("tokens", self.tokens, c.max_tokens)
-        if c.max_cost is not None and self.cost >= c.max_cost:
-            return BudgetExceeded("cost", round(self.cost, 6), c.max_cost)
-        if c.wall_clock_s is not None and self.elapsed >= c.wall_clock_s:
-            return BudgetExceeded("wall_clock", round(self.elapsed, 3), c.wall_clock_s)
-        return None
-
-    def raise_caps(self, wall_clock_s: float | None = None, max_tokens: int | None = None,
-                   max_cost: float | None = None) -> dict:
-        """Raise caps (a cap can only go up: lowering one below use would end the task behind its back)."""
-        new = {"wall_clock_s": wall_clock_s, "max_tokens": max_tokens, "max_cost": max_cost}
-        for key, value in new.items():
-            if value is None:
-                continue
-            if value <= 0:
-                raise ValueError(f"budget {key} must be positive, got {value!r}")
-            old = getattr(self.config, key)
-            if old is not None and value < old:
-                raise ValueError(f"budget {key} can only be raised: {value!r} < current {old!r}")
-            setattr(self.config, key, value)
-        return self.remaining()
-
-    def remaining(self) -> dict:
-        c = self.config
-        return {
-            "wall_clock_s": None if c.wall_clock_s is None else max(0.0, c.wall_clock_s - self.elapsed),
-            "tokens": None if c.max_tokens is None else max(0, c.max_tokens - self.tokens),
-            "cost": None if c.max_cost is None else max(0.0, c.max_cost - self.cost),
-        }
-
-    # -- persistence ----------------------------------------------------------------------------
-    def state(self) -> dict:
-        return {"tokens": self.tokens, "cost": self.cost, "elapsed_s": self.elapsed,
-                "caps": {"wall_clock_s": self.config.wall_clock_s, "max_tokens": self.config.max_tokens,
-                         "max_cost": self.config.max_cost}}
-
-    def load(self, state: dict) -> "BudgetTracker":
-        self.tokens = int(state.get("tokens", 0))
-        self.cost = float(state.get("cost", 0.0))
-        self.elapsed_before, self._running_since = float(state.get("elapsed_s", 0.0)), None
-        caps = state.get("caps") or {}
-        self.config = BudgetConfig(**{k: caps.get(k, getattr(self.config, k)) for k in
-                                      ("wall_clock_s", "max_tokens", "max_cost")})
-        return self
-
+    def restore(self) -> int:
+        with self._lock:
+            self.value = self.initial
+            return self.value
 
 
 class Guard:
+    """The resilience layer's state in one run: two ladders, stuck detection, the plan, verification."""
+
     def __init__(self, ctx, config: ResilienceConfig, metrics=None):
         self.ctx, self.config, self.metrics = ctx, config, metrics
         # Two ladders: one for a single model/tool call (L1 retry, L2 fallback), one for steps. A call
@@ -323,8 +99,7 @@ class Guard:
                                         "last_green": self.last_green, "awaiting_plan": self.awaiting_plan})
 
     def guide(self, text: str):
-        """A message to the model, in the live context and (as a `guidance` event) in the log."""
-        self.ctx.state.apply("guidance", {"content": text})
+        """A message to the model: a `guidance` event, which the run applies to its context as it logs it."""
         self.event("guidance", {"content": text})
 
     # -- after each committed step ----------------------------------------------------------------
@@ -338,7 +113,8 @@ class Guard:
         if self.awaiting_plan:
             self._take_plan(record)
         failure = self._verify(record)
-        failing_calls = [o for o in record.observations if not o.get("ok", True) and o["name"] not in CONTROL]
+        failing_calls = [o for o in record.observations
+                         if not o.get("ok", True) and o["name"] not in CONTROL_TOOLS]
         self.streak = self.streak + 1 if failing_calls else 0
         signal = self.stuck.observe(StepDigest.of(record))
         if signal is not None:
@@ -346,8 +122,7 @@ class Guard:
             if self.metrics is not None:
                 self.metrics.stuck.labels(task=ctx.task_id, kind=signal.kind).inc()
             repeats = [s for s in signal.steps[1:] if s in ctx.state.steps]
-            if repeats:  # the repeats go out of the context; the first attempt stays
-                ctx.state.apply("loop_condensed", {"steps": repeats})
+            if repeats:  # the repeats go out of the context (the event says so); the first attempt stays
                 self.event("loop_condensed", {"steps": repeats, "kind": signal.kind})
             failure = failure or Failure(signal.error_class, signal.detail, {"stuck": signal.kind})
         if failure is None and self.streak >= self.config.guard.failure_streak:

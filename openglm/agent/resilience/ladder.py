@@ -6,16 +6,10 @@ this episode, that still has attempts left (L1 retry with backoff, L2 alternativ
 the last green snapshot, L4 re-plan, L5 ask a human). A success ends the episode and resets it.
 The state is a plain dict so a paused task resumes with its ladder in another process.
 
-Also in this module:
-
-- Failures the recovery ladder sees, and the classification of exceptions into error classes.
-
-- L1/L2 around one call (a model request, a command): retry with backoff, then the alternatives.
-
-  Higher levels (rollback, re-plan, human) change the task, not the call: they are raised as
-  `Escalation` for the step loop to carry out.
-
-- The plan: a tree of goals kept in the task state; L4 rebuilds it around a failure.
+Here too: the failures the ladder sees (exceptions classified into error classes), and `retry_call`,
+the runtime's one retry loop: L1 around one call (a model request, a command). Every other decision
+is raised as `Escalation` for the layer that carries it out (a FallbackModel's other model at L2,
+the guard at L3..L5).
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ import re
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 from .config import LadderConfig, LadderPolicy, Level
 
@@ -211,136 +205,26 @@ class RecoveryLadder:
 
 
 class Escalation(Exception):
-    """The ladder decided on L3..L5: the step loop must roll back, re-plan or ask a human."""
+    """The ladder decided more than a retry (L2..L5): the caller carries it out (another model, a rollback,
+    a re-plan, a question to a human)."""
 
     def __init__(self, decision: Decision, error: BaseException):
         super().__init__(f"L{int(decision.level)} ({decision.error_class}): {decision.cause}")
         self.decision, self.error = decision, error
 
 
-def call_with_recovery(options: Sequence[Callable[[], object]], ladder: RecoveryLadder,
-                       sleep: Callable[[float], None] = time.sleep, on_switch: Callable[[int], None] | None = None,
-                       can_rollback: bool = True):
-    """Call options[0] (the primary); options[1:] are the alternatives (e.g. the fallback model).
-
-    Returns the first result that succeeds. L2's k-th alternative is options[min(k, len-1)].
-    """
-    current = 0
+def retry_call(call: Callable[[], object], ladder: RecoveryLadder, *, sleep: Callable[[float], None] = time.sleep,
+               can_rollback: bool = True, retry_on: tuple[type[BaseException], ...] = (Exception,)):
+    """Call `call()`; while a failure (an exception of `retry_on`) gets an L1 decision, wait its backoff
+    and call again. A success ends the ladder's episode; any other decision raises `Escalation`."""
     while True:
         try:
-            result = options[current]()
-        except Exception as exc:
+            result = call()
+        except retry_on as exc:
             decision = ladder.on_failure(classify(exc), can_rollback=can_rollback)
-            if decision.level is Level.RETRY:
-                sleep(decision.delay_s)
-                continue
-            if decision.level is Level.ALTERNATIVE and len(options) > 1:
-                current = min(decision.attempt, len(options) - 1)
-                if on_switch is not None:
-                    on_switch(current)
-                continue
-            raise Escalation(decision, exc) from exc
+            if decision.level is not Level.RETRY:
+                raise Escalation(decision, exc) from exc
+            sleep(decision.delay_s)
+            continue
         ladder.on_success()
         return result
-
-
-OPEN, DONE, FAILED, DROPPED = "open", "done", "failed", "dropped"
-
-
-@dataclass
-class Goal:
-    id: str
-    text: str
-    status: str = OPEN
-    note: str = ""
-    children: list["Goal"] = field(default_factory=list)
-
-
-class GoalTree:
-    def __init__(self, objective: str, root: Goal | None = None, revision: int = 0):
-        self.root = root or Goal("g0", objective)
-        self.revision = revision  # how many times the plan was rebuilt
-
-    def walk(self):
-        stack = [self.root]
-        while stack:
-            goal = stack.pop()
-            yield goal
-            stack.extend(reversed(goal.children))
-
-    def find(self, goal_id: str) -> Goal:
-        for goal in self.walk():
-            if goal.id == goal_id:
-                return goal
-        raise KeyError(f"no goal {goal_id!r} in the plan")
-
-    def add(self, parent_id: str, text: str) -> Goal:
-        parent = self.find(parent_id)
-        goal = Goal(f"{parent.id}.{len(parent.children) + 1}", text)
-        parent.children.append(goal)
-        return goal
-
-    def current(self) -> Goal:
-        """The first open leaf (depth first): what the agent is working on."""
-        for goal in self.walk():
-            if goal.status == OPEN and not any(c.status == OPEN for c in goal.children):
-                return goal
-        return self.root
-
-    def mark(self, goal_id: str, status: str, note: str = ""):
-        goal = self.find(goal_id)
-        goal.status, goal.note = status, note or goal.note
-
-    def replan(self, failure: str, subgoals: list[str]) -> Goal:
-        """Fail the current goal with the failure as its note; the open siblings are dropped and the
-        new subgoals take their place under the same parent (a new approach to the same end)."""
-        failed = self.current()
-        parent = self._parent(failed) or self.root
-        if failed is self.root:  # no subgoals yet: the failed attempt is kept as one, for the record
-            parent.children.append(Goal(f"g0.{len(parent.children) + 1}", "first approach", FAILED, failure[:500]))
-        else:
-            failed.status, failed.note = FAILED, failure[:500]
-        for sibling in parent.children:
-            if sibling.status == OPEN:
-                sibling.status = DROPPED
-        self.revision += 1
-        for text in subgoals:
-            goal = Goal(f"{parent.id}.r{self.revision}.{len(parent.children) + 1}", text)
-            parent.children.append(goal)
-        return parent
-
-    def _parent(self, child: Goal) -> Goal | None:
-        for goal in self.walk():
-            if any(c is child for c in goal.children):
-                return goal
-        return None
-
-    def render(self) -> str:
-        lines = []
-
-        def visit(goal: Goal, depth: int):
-            note = f" ({goal.note})" if goal.note else ""
-            lines.append(f"{'  ' * depth}- [{goal.status}] {goal.text}{note}")
-            for child in goal.children:
-                visit(child, depth + 1)
-
-        visit(self.root, 0)
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict:
-        return {"revision": self.revision, "root": asdict(self.root)}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "GoalTree":
-        def build(d: dict) -> Goal:
-            return Goal(d["id"], d["text"], d.get("status", OPEN), d.get("note", ""),
-                        [build(c) for c in d.get("children", [])])
-
-        root = build(data["root"])
-        return cls(root.text, root, int(data.get("revision", 0)))
-
-
-def parse_plan(text: str) -> list[str]:
-    """Subgoals from a model's answer: the lines that start with '-', '*' or 'N.'/'N)'."""
-    items = [m.group(1).strip() for m in re.finditer(r"^\s*(?:[-*]|\d+[.)])\s+(.+)$", text, re.M)]
-    return [i for i in items if i]

@@ -1,9 +1,15 @@
 """The agent's tools: shell, file view/create/edit, search; plus the two control tools
-`ask_user` and `submit`, which the step loop handles itself."""
+`ask_user` and `submit`, which the step loop handles itself.
+
+`Environment` is what the step loop runs actions in: `call(name, args) -> ToolResult`. `ToolBox` is the
+workspace's tools; the run binds it to the task (`loop.RunTools`), and the hook layers' tool wrappers
+are Environments around that.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from openglm.agent.tools import files
 from openglm.agent.tools.files import PathEscape, ToolError
@@ -11,7 +17,7 @@ from openglm.agent.tools.limits import ResourceLimiter
 from openglm.agent.tools.search import search
 from openglm.agent.tools.shell import run_shell
 
-CONTROL_TOOLS = {"ask_user", "submit"}
+CONTROL_TOOLS = {"ask_user", "submit", "_no_action"}  # answered by the step loop itself, never run
 
 
 def _spec(name, description, **params):
@@ -42,6 +48,13 @@ class ToolResult:
     meta: dict = field(default_factory=dict)
 
 
+class Environment(Protocol):
+    def call(self, name: str, args: dict) -> ToolResult:
+        """Run one tool; a mistake of the agent (bad arguments, a path outside the workspace) is a failed
+        result, not an exception."""
+        ...
+
+
 @dataclass
 class ToolBox:
     workspace: str
@@ -63,7 +76,8 @@ class ToolBox:
                 r = run_shell(args["command"], self.workspace, max(budget, 0.01), self.limiter, self.max_output,
                               should_stop, pidfile, output_file)
                 return ToolResult(r.render(), ok=r.exit_code == 0,
-                                  meta={"exit_code": r.exit_code, "killed": r.killed, "duration_s": round(r.duration_s, 4)})
+                                  meta={"exit_code": r.exit_code, "killed": r.killed,
+                                        "duration_s": round(r.duration_s, 4)})
             if name == "view":
                 return ToolResult(files.view(self.workspace, args.get("path", "."), args.get("start"), args.get("end"),
                                              self.max_output))
@@ -86,4 +100,5 @@ class ToolBox:
             return ToolResult(f"error: {e}", ok=False)
 
 
-__all__ = ["CONTROL_TOOLS", "PathEscape", "ResourceLimiter", "ToolBox", "ToolError", "ToolResult", "TOOL_SPECS"]
+__all__ = ["CONTROL_TOOLS", "Environment", "PathEscape", "ResourceLimiter", "ToolBox", "ToolError", "ToolResult",
+           "TOOL_SPECS"]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 from openglm.agent.tools.files import confine
 from openglm.agent.tools.shell import truncate
+from openglm.util import proc
+
+SEARCH_TIMEOUT_S = 120
 
 
 def search(workspace, pattern: str, path: str = ".", glob: str | None = None, max_chars: int = 20000) -> str:
@@ -16,7 +18,9 @@ def search(workspace, pattern: str, path: str = ".", glob: str | None = None, ma
         cmd += ["-g", glob] if glob else []
     else:
         cmd = ["grep", "-rnIP", "--exclude-dir=.git", "-e", pattern] + ([f"--include={glob}"] if glob else [])
-    p = subprocess.run(cmd + [str(target)], cwd=workspace, capture_output=True, text=True, timeout=120)
+    p = proc.run(cmd + [str(target)], cwd=workspace, timeout=SEARCH_TIMEOUT_S)
+    if p.timed_out:
+        return f"search stopped after {SEARCH_TIMEOUT_S}s: narrow the path or the pattern"
     root = str(confine(workspace, ".")) + "/"
     out = p.stdout.replace(root, "")
     if p.returncode == 1:

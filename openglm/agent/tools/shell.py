@@ -19,8 +19,9 @@ import time
 from dataclasses import dataclass
 
 from openglm.agent import confine
-from openglm.agent.process import kill_group, pid_record, remove_pidfile, stop_command
+from openglm.agent.process import pid_record, remove_pidfile
 from openglm.agent.tools.limits import ResourceLimiter
+from openglm.util import proc as procs
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
@@ -111,9 +112,8 @@ def run_shell(command: str, cwd: str, timeout: float = 600.0, limiter: ResourceL
     start = time.monotonic()
     live = LiveOutput(output_file, command) if output_file else None  # before the command: nothing to orphan
     launcher = [sys.executable, "-I", "-S", confine.__file__, str(os.getpid()), "--", "bash", "-c", command]
-    proc = subprocess.Popen(launcher, cwd=cwd, env=scrubbed_env(), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=_preexec(os.getpid(), pidfile, limiter))
+    proc = procs.spawn(launcher, cwd=cwd, env=scrubbed_env(), stdin=procs.DEVNULL, stdout=procs.PIPE,
+                       stderr=procs.STDOUT, preexec_fn=_preexec(os.getpid(), pidfile, limiter))
     buf: list = []
     reader = threading.Thread(target=_reader, args=(proc.stdout, buf, max_output, live), daemon=True)
     reader.start()
@@ -134,9 +134,9 @@ def run_shell(command: str, cwd: str, timeout: float = 600.0, limiter: ResourceL
         except subprocess.TimeoutExpired:
             pass
     if killed:
-        stop_command(proc.pid)  # the launcher kills the whole tree (cgroup.kill / as subreaper)
+        procs.stop_group(proc.pid)  # the launcher kills the whole tree (cgroup.kill / as subreaper)
     proc.wait()
-    kill_group(proc.pid)  # a launcher that died before it could clean up
+    procs.kill_group(proc.pid)  # a launcher that died before it could clean up
     if pidfile:
         remove_pidfile(pidfile)
     reader.join(5)
@@ -147,7 +147,8 @@ def run_shell(command: str, cwd: str, timeout: float = 600.0, limiter: ResourceL
     text = (head + tail).decode("utf-8", "replace") if omitted <= 0 else (
         f"{head.decode('utf-8', 'replace')}\n[... {omitted} bytes omitted ...]\n{tail.decode('utf-8', 'replace')}")
     if killed == "memory":
-        text += f"\n[killed: the command's processes exceeded the memory limit of {limiter.resources.memory_bytes} bytes]"
+        limit = limiter.resources.memory_bytes
+        text += f"\n[killed: the command's processes exceeded the memory limit of {limit} bytes]"
     return ShellResult(exit_code=None if killed else proc.returncode, output=text, timed_out=killed == "timeout",
                        killed=killed, duration_s=time.monotonic() - start)
 

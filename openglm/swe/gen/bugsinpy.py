@@ -37,7 +37,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from openglm.retrieval.spans import functions_in_source, is_test_path
-from openglm.swe.gitutil import GitError, git
+from openglm.util.git import GitError, git
 from openglm.swe.harness.env import EnvBuildError, dependency_env, pip_install, source_repo
 from openglm.swe.harness.run import HarnessConfig, Sandbox, pytest_command
 from openglm.swe.logparse import parse_log, test_passed

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ast
 import json
 import random
-import subprocess
 import sys
 import tarfile
 from dataclasses import dataclass
@@ -28,11 +27,12 @@ from tqdm import tqdm
 from openglm.retrieval.spans import FunctionIndex, functions_with_qualnames, is_test_path
 from openglm.swe.gen.mutate import Mutation, mutations_of
 from openglm.swe.gen.packages import PackageSpec
-from openglm.swe.gitutil import commit_file_change, git, init_repo, unified_diff
 from openglm.swe.harness.run import HarnessConfig, Sandbox, pytest_command, test_files
 from openglm.swe.logparse import test_passed
 from openglm.swe.testrun import per_test_lines, run_pytest
+from openglm.util import proc
 from openglm.util.files import write_atomic
+from openglm.util.git import commit_file_change, git, init_repo, unified_diff
 
 # Bump when the selection rules change, so cached per-package instance files are not reused.
 GENERATOR_VERSION = 2
@@ -63,8 +63,10 @@ def fetch_package(spec: PackageSpec, out_dir: Path) -> tuple[Path, str]:
     sdists.mkdir(parents=True, exist_ok=True)
     archive = next(sdists.glob(f"{spec.name.replace('-', '?')}-{spec.version}.tar.gz"), None)
     if archive is None:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary",
-                        ":all:", "-d", str(sdists), f"{spec.name}=={spec.version}"], check=True)
+        got = proc.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary",
+                        ":all:", "-d", str(sdists), f"{spec.name}=={spec.version}"], merge_stderr=True)
+        if not got.ok:
+            raise RuntimeError(f"pip download {spec.name}=={spec.version} failed: {got.stdout.strip()[-500:]}")
         archive = next(sdists.glob(f"{spec.name.replace('-', '?')}-{spec.version}.tar.gz"))
     tmp = repo.with_suffix(".tmp")
     with tarfile.open(archive) as tar:

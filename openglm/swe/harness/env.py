@@ -27,8 +27,9 @@ import sysconfig
 import venv
 from pathlib import Path
 
-from openglm.swe.gitutil import git
 from openglm.swe.testrun import run_command, source_paths
+from openglm.util.git import GitError, clone, git
+from openglm.util.git import apply_patch as git_apply_patch
 
 
 class EnvBuildError(RuntimeError):
@@ -46,9 +47,10 @@ def source_repo(instance: dict, repos_dir: Path) -> Path:
     url = instance.get("repo_url") or f"https://github.com/{repo}.git"
     local.parent.mkdir(parents=True, exist_ok=True)
     tmp = local.with_name(local.name + ".partial")
-    rc, out, _ = run_command(["git", "clone", "--quiet", url, str(tmp)], local.parent, timeout=1800)
-    if rc != 0:
-        raise EnvBuildError(f"git clone {url} failed: {out.strip()[-500:]}")
+    try:
+        clone(url, tmp, timeout=1800)
+    except GitError as e:
+        raise EnvBuildError(str(e)) from None
     tmp.rename(local)
     return local
 
@@ -56,10 +58,10 @@ def source_repo(instance: dict, repos_dir: Path) -> Path:
 def checkout(instance: dict, repos_dir: Path, dest: Path) -> None:
     src = source_repo(instance, repos_dir)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    rc, out, _ = run_command(["git", "clone", "--quiet", "--shared", "--no-checkout", str(src.resolve()), str(dest)],
-                             dest.parent, timeout=600)
-    if rc != 0:
-        raise EnvBuildError(f"git clone --shared {src} failed: {out.strip()[-500:]}")
+    try:
+        clone(src.resolve(), dest, "--shared", "--no-checkout", timeout=600)
+    except GitError as e:
+        raise EnvBuildError(str(e)) from None
     git(dest, "checkout", "--quiet", "--detach", instance["base_commit"])
 
 
@@ -169,16 +171,4 @@ def apply_patch(repo: Path, patch: str) -> tuple[bool, str]:
     """git apply, then GNU patch with fuzz (as SWE-bench does); (applied?, log)."""
     if not patch.strip():
         return True, "empty patch: nothing to apply\n"
-    attempts = [["git", "apply", "--verbose", "-"],
-                ["patch", "--batch", "--fuzz=5", "-p1", "--forward"]]
-    log = ""
-    for cmd in attempts:
-        if shutil.which(cmd[0]) is None:
-            continue
-        rc, out, _ = run_command(cmd, repo, input=patch, timeout=120)
-        log += f"$ {' '.join(cmd)}\n{out}"
-        if rc == 0:
-            return True, log
-        if cmd[0] == "patch":  # a partial GNU patch leaves a mess; undo what it wrote
-            git(repo, "checkout", "--", ".", check=False)
-    return False, log
+    return git_apply_patch(repo, patch, fuzz=True)

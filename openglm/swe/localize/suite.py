@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from openglm.swe.gitutil import git
+from openglm.util.git import git
 from openglm.swe.testrun import TestRun
 
 

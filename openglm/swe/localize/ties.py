@@ -15,7 +15,7 @@ import ast
 from pathlib import Path
 
 from openglm.retrieval.spans import FunctionIndex
-from openglm.swe.gitutil import git
+from openglm.util.git import git
 
 KIND_WEIGHT, RECENCY_WEIGHT = 1.0, 0.5
 _DECIDES = (ast.If, ast.While, ast.Return, ast.Raise, ast.Assert, ast.Assign, ast.AugAssign, ast.AnnAssign,

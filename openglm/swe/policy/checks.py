@@ -48,9 +48,13 @@ def search(req: dict) -> None:
 
 
 def bisect(req: dict) -> None:
-    from openglm.swe.bisect import bisect as run  # only for this check
+    from openglm.swe.bisect import BisectRefused, bisect as run  # only for this check
 
-    out = run(".", req["good"], req["command"], bad=req.get("bad", "HEAD"))
+    try:
+        out = run(".", req["good"], req["command"], bad=req.get("bad", "HEAD"))
+    except BisectRefused as e:  # an end that does not behave: say why instead of naming a wrong commit
+        _emit(f"bisect refused: {e}", {"first_bad_commit": None, "refused": str(e)})
+        return
     _emit(f"first bad commit: {out['first_bad_commit']} {out.get('subject', '')}",
           {k: out.get(k) for k in ("first_bad_commit", "subject", "files")})
 

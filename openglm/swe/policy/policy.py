@@ -54,8 +54,9 @@ class SWEPolicy(ToolCallingPolicy):
             if pd["pending_rollback"] in state.steps:
                 ctx.rollback(pd["pending_rollback"])
             pd["pending_rollback"] = None
-            state.phase_data = pd
-            events.append(("phase", {"phase": pd["phase"], "data": pd, "budget": self._budget(pd)}))
+            phase = {"phase": pd["phase"], "data": pd, "budget": self._budget(pd)}
+            state.apply("phase", state.step, phase)
+            events.append(("phase", phase))
         messages, _, more = super().prepare(ctx, state, tools)
         self._pd = pd
         prompt = self._phase_prompt(pd)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from openglm.retrieval.spans import FunctionIndex
 from openglm.swe.repomap import impact
 from openglm.swe.testrun import run_tests
 from openglm.swe.verify import compile_check, pyflakes_check
+from openglm.util.git import apply_patch
 
 _SCRATCH_IGNORE = shutil.ignore_patterns(".git", "__pycache__", ".venv", "venv", ".pytest_cache", "*.pyc")
 
@@ -49,19 +49,13 @@ def changed_lines(patch: str) -> dict[str, list[int]]:
     return out
 
 
-def apply(workdir: Path, patch: str) -> tuple[bool, str]:
-    proc = subprocess.run(["git", "apply", "--verbose", "-"], cwd=workdir, input=patch, text=True,
-                          capture_output=True)
-    return proc.returncode == 0, (proc.stdout + proc.stderr)[-1500:]
-
-
 def score_candidate(workspace: Path, patch: str, tests: list[str], suite: bool, timeout: float) -> dict:
     scratch = Path(tempfile.mkdtemp(prefix="openglm-cand-")) / "ws"
     shutil.copytree(workspace, scratch, ignore=_SCRATCH_IGNORE, symlinks=True)
     try:
         files = patch_files(patch)
         before = {f: len(pyflakes_check(scratch, [f])) for f in files if (scratch / f).exists()}
-        applied, log = apply(scratch, patch)
+        applied, log = apply_patch(scratch, patch)
         s = {"applies": applied, "files": files, "lines_changed": sum(
             1 for t in patch.splitlines() if t[:1] in "+-" and t[:3] not in ("+++", "---"))}
         if not applied:
@@ -116,7 +110,7 @@ def score_and_apply(workspace: str | Path, candidates: list[dict], tests: list[s
     chosen = choose(scores)
     result = {"scores": scores, "chosen": chosen}
     if chosen is not None:
-        applied, log = apply(workspace, candidates[chosen]["patch"])
+        applied, log = apply_patch(workspace, candidates[chosen]["patch"])
         result["applied"] = applied
         if not applied:
             result["chosen"], result["why"] = None, "the chosen patch no longer applies: " + log[-300:]

@@ -1,6 +1,6 @@
 """End to end, through the runtime: each level of the recovery ladder with real injected faults."""
 
-from agentkit import ScriptedModel, bash, call, dump, events, fast_config, turn, worker
+from agent_testkit import ScriptedModel, bash, call, dump, events, fast_config, resilient_worker, turn
 from helpers import FaultServer
 
 from openglm.agent import service
@@ -19,7 +19,7 @@ def test_L1_endpoint_500_429_timeout_then_recovers(store, config, workspace):
     task = service.submit(store, config, "finish", str(workspace))
     with FaultServer(faults=["500", "429", "hang"], reply=SUBMIT, hang_s=1.5) as server:
         model = OpenAIChatModel(server.url, "primary", timeout=0.5)
-        assert worker(config, store, model).run_one() == "SUCCEEDED", dump(store, task.id)
+        assert resilient_worker(config, store, model).run_one() == "SUCCEEDED", dump(store, task.id)
         assert server.requests == 4
     assert _levels(store, task.id) == [(1, "transient")] * 3
     delays = [e.data["delay_s"] for e in events(store, task.id, "recovery_escalation")]
@@ -33,7 +33,7 @@ def test_L2_primary_stays_down_fallback_answers_and_both_down_pauses_safely(stor
     with FaultServer(default="500") as primary, FaultServer(reply=SUBMIT) as fallback:
         model = FallbackModel(OpenAIChatModel(primary.url, "primary", timeout=0.5),
                               OpenAIChatModel(fallback.url, "fallback", timeout=0.5))
-        assert worker(config, store, model).run_one() == "SUCCEEDED", dump(store, task.id)
+        assert resilient_worker(config, store, model).run_one() == "SUCCEEDED", dump(store, task.id)
         assert primary.requests == 4 and fallback.requests == 1
     assert _levels(store, task.id) == [(1, "transient")] * 3 + [(2, "transient")]
     assert events(store, task.id, "model_switch")[0].data["to"] == 1
@@ -41,7 +41,7 @@ def test_L2_primary_stays_down_fallback_answers_and_both_down_pauses_safely(stor
     with FaultServer(default="500") as primary, FaultServer(default="429") as fallback:
         model = FallbackModel(OpenAIChatModel(primary.url, "primary", timeout=0.5),
                               OpenAIChatModel(fallback.url, "fallback", timeout=0.5))
-        assert worker(config, store, model).run_one() == "PAUSED"
+        assert resilient_worker(config, store, model).run_one() == "PAUSED"
     t = store.get_task(down.id)
     assert t.reason.startswith("model unavailable") and t.snapshot  # safe pause, state and snapshot saved
 
@@ -56,7 +56,7 @@ def test_L3_step_that_breaks_the_tests_rolls_back_to_the_last_green_snapshot(sto
         turn(call("create", path="notes.txt", content="done\n")),
         turn(call("submit")),
     ])
-    assert worker(config, store, model, fast_config(verify_command=verify)).run_one() == "SUCCEEDED", \
+    assert resilient_worker(config, store, model, fast_config(verify_command=verify)).run_one() == "SUCCEEDED", \
         dump(store, task.id)
     assert _levels(store, task.id) == [(3, "verification_failed")]
     rollback = events(store, task.id, "rollback")[0].data
@@ -80,25 +80,26 @@ def test_L4_repeated_failure_of_one_approach_replans(store, config, workspace):
         turn(bash("echo B > out.txt"), content="New plan:\n- use approach B\n- write out.txt\n- submit"),
         turn(call("submit")),
     ])
-    assert worker(config, store, model).run_one() == "SUCCEEDED", dump(store, task.id)
+    assert resilient_worker(config, store, model).run_one() == "SUCCEEDED", dump(store, task.id)
     assert _levels(store, task.id) == [(2, "command_failed"), (2, "command_failed"), (4, "command_failed")]
     replan = events(store, task.id, "replan")[0].data
     assert replan["subgoals"] == ["use approach B", "write out.txt", "submit"] and replan["revision"] == 1
     assert "approach A" in replan["failure"] and "[failed]" in replan["plan"]
-    assert "re-plan" in model.seen[4][-1]["content"] and "approach A" in model.seen[4][-1]["content"]  # the model was asked, with the failure as context
+    asked = model.seen[4][-1]["content"]  # the model was asked for a plan, with the failure as context
+    assert "re-plan" in asked and "approach A" in asked
     assert events(store, task.id, "recovery_outcome")[-1].data["outcome"] == "recovered"
 
 
 def test_L5_exhaustion_needs_input_then_the_answer_resumes_and_succeeds(store, config, workspace):
     task = service.submit(store, config, "make out.txt", str(workspace), {"deliverables": ["out.txt"]})
     model = ScriptedModel(FAILS)
-    assert worker(config, store, model).run_one() == "NEEDS_INPUT", dump(store, task.id)
+    assert resilient_worker(config, store, model).run_one() == "NEEDS_INPUT", dump(store, task.id)
     t = store.get_task(task.id)
     assert "approach A" in t.reason and "How should it proceed" in t.reason
     assert [lvl for lvl, _ in _levels(store, task.id)] == [2, 2, 4, 5]
     service.answer(store, task.id, "use approach B: echo B > out.txt")
     resumed = ScriptedModel([turn(bash("echo B > out.txt")), turn(call("submit"))])
-    assert worker(config, store, resumed).run_one() == "SUCCEEDED", dump(store, task.id)
+    assert resilient_worker(config, store, resumed).run_one() == "SUCCEEDED", dump(store, task.id)
     assert any("use approach B" in str(m.get("content")) for m in resumed.seen[0])
     outcomes = [e.data["outcome"] for e in events(store, task.id, "recovery_outcome")]
     assert "answered" in outcomes
@@ -109,7 +110,7 @@ def test_a_finished_run_leaves_no_guard_behind_in_a_long_lived_worker(store, con
 
     from openglm.agent.resilience.guard import Guard
 
-    w = worker(config, store, ScriptedModel([turn(call("submit")), turn(call("submit"))]))
+    w = resilient_worker(config, store, ScriptedModel([turn(call("submit")), turn(call("submit"))]))
     ids = []
     for _ in range(2):  # one worker, one set of hooks, many tasks: as in the agent server
         ids.append(service.submit(store, config, "finish", str(workspace)).id)

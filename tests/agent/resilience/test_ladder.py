@@ -4,8 +4,10 @@ import httpx
 import pytest
 from helpers import FaultServer
 
+from openglm.agent.llm import FallbackModel, ModelError
+from openglm.agent.llm.openai_chat import OpenAIChatModel
 from openglm.agent.resilience import (Escalation, Failure, LadderConfig, LadderPolicy, Level, RecoveryLadder,
-                                      call_with_recovery, classify)
+                                      classify, retry_call)
 
 
 def _levels(ladder, error_class, n, **kw):
@@ -82,7 +84,7 @@ def test_L1_endpoint_500_429_timeout_then_recovers():
     ladder = RecoveryLadder(LadderConfig(policies={"transient": LadderPolicy(backoff_s=0.01)}),
                             on_event=lambda k, d: events.append((k, d)))
     with FaultServer(faults=["500", "429", "hang"], hang_s=1.0) as server:
-        result = call_with_recovery([_chat(server.url)], ladder, sleep=lambda s: slept.append(s))
+        result = retry_call(_chat(server.url), ladder, sleep=lambda s: slept.append(s))
         assert result == "done" and server.requests == 4
     assert slept == [0.01, 0.02, 0.04]
     statuses = [d["detail"].get("status") for k, d in events if k == "recovery_escalation"]
@@ -90,15 +92,31 @@ def test_L1_endpoint_500_429_timeout_then_recovers():
     assert ladder.history[-1]["outcome"] == "recovered" and ladder.floor == 0
 
 
-def test_L2_primary_stays_down_so_the_fallback_answers_then_L3_escalates():
-    switched = []
+def test_L2_is_the_fallback_models_turn_and_past_it_the_ladder_escalates():
     ladder = RecoveryLadder(LadderConfig(policies={"transient": LadderPolicy(backoff_s=0.0)}))
+    levels = []
+
+    def retried(model):  # what the resilience layer asks each model with: retries while the ladder says L1
+        try:
+            return retry_call(lambda: model.query([{"role": "user", "content": "hi"}]), ladder, sleep=lambda s: None)
+        except Escalation as esc:
+            levels.append(esc.decision.level)
+            raise esc.error
+
+    switched = []
     with FaultServer(default="500") as primary, FaultServer(reply="from fallback") as fallback:
-        result = call_with_recovery([_chat(primary.url), _chat(fallback.url)], ladder, sleep=lambda s: None,
-                                    on_switch=switched.append)
-        assert result == "from fallback" and switched == [1]
-        assert primary.requests == 4 and fallback.requests == 1
+        model = FallbackModel(OpenAIChatModel(primary.url, "p", timeout=0.5, context_window=4096),
+                              OpenAIChatModel(fallback.url, "f", timeout=0.5, context_window=4096))
+        assert model.answer(retried, on_switch=switched.append).content == "from fallback"
+        assert levels == [Level.ALTERNATIVE] and switched == [1]
+        assert primary.requests == 4 and fallback.requests == 1  # three retries, then the fallback once
+    assert ladder.history[-1]["outcome"] == "recovered"
     with FaultServer(default="500") as dead, FaultServer(default="429") as dead_too:
-        with pytest.raises(Escalation) as info:
-            call_with_recovery([_chat(dead.url), _chat(dead_too.url)], ladder, sleep=lambda s: None)
+        model = FallbackModel(OpenAIChatModel(dead.url, "p", timeout=0.5, context_window=4096),
+                              OpenAIChatModel(dead_too.url, "f", timeout=0.5, context_window=4096))
+        with pytest.raises(ModelError, match=r"primary failed .*; fallback failed"):
+            model.answer(retried)
+        assert dead_too.requests == 1  # the episode is already at L2: no retries for the fallback
+        with pytest.raises(Escalation) as info:  # the next failure goes past the call: a rollback
+            retry_call(lambda: model.query([{"role": "user", "content": "hi"}]), ladder, sleep=lambda s: None)
     assert info.value.decision.level is Level.ROLLBACK

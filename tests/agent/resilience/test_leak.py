@@ -7,7 +7,7 @@ import pytest
 from helpers import LEAKER, MB, NOISY, py, wait_for
 
 from openglm.agent.resilience import Action, LeakDetector, MonitorConfig, ResourceMonitor, Threshold, theil_sen
-from openglm.agent.resilience.monitor import Supervised
+from openglm.agent.resilience.process_tree import Supervised
 
 
 def test_theil_sen_matches_least_squares_on_clean_data_and_ignores_a_spike():

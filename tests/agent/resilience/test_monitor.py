@@ -9,7 +9,9 @@ import psutil
 from helpers import HOG, IDLE, FaultServer, py, wait_for
 
 from openglm.agent.resilience import Action, MonitorConfig, ResilienceMetrics, ResourceMonitor, Threshold
-from openglm.agent.resilience.monitor import Parallelism, kill_tree, renice_tree
+from openglm.agent.resilience.guard import Parallelism
+from openglm.agent.resilience.process_tree import renice_tree
+from openglm.util.proc import kill_tree
 
 
 def _cpu_config() -> MonitorConfig:

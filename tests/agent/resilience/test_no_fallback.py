@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from agentkit import ScriptedModel, fast_config, worker
+from agent_testkit import ScriptedModel, fast_config, resilient_worker
 
 from openglm.agent import service
 from openglm.agent.llm import ModelError
@@ -12,7 +12,7 @@ from openglm.agent.resilience.hooks import _TaskMonitor
 def test_L5_pause_without_a_fallback_does_not_claim_one(store, config, workspace):
     task = service.submit(store, config, "finish", str(workspace))
     model = ScriptedModel([ModelError("connection refused")] * 20)
-    assert worker(config, store, model, fast_config()).run_one() == "PAUSED"
+    assert resilient_worker(config, store, model, fast_config()).run_one() == "PAUSED"
     reason = store.get_task(task.id).reason
     assert "no fallback model configured" in reason and "and the fallback" not in reason
 

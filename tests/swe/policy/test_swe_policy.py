@@ -12,10 +12,10 @@ import pytest
 
 from openglm.agent import service
 from openglm.agent.llm import ReplayModel
-from openglm.swe.policy import SWEPolicy, SWEPolicyConfig
 from openglm.agent.store.sqlite_store import SQLiteStore
 from openglm.agent.worker import Worker
-from openglm.swe.gitutil import init_repo, unified_diff
+from openglm.swe.policy import SWEPolicy, SWEPolicyConfig
+from openglm.util.git import init_repo, unified_diff
 
 UNITS = "def to_cents(price):\n    return round(price * 100)\n"
 PRICES = textwrap.dedent("""

@@ -108,11 +108,21 @@ D.ago = function (ts) {
   const s = Math.max(0, Date.now() / 1000 - ts);
   return s < 60 ? `${Math.round(s)} s ago` : s < 3600 ? `${Math.round(s / 60)} min ago` : `${(s / 3600).toFixed(1)} h ago`;
 };
+// A duration, rounded once to the unit shown (so 18 min 59.6 s is "19 min 0 s", never "18 min 60 s").
 D.dur = function (s) {
   if (s === null || s === undefined) return "—";
-  if (s < 60) return `${s.toFixed(s < 10 ? 1 : 0)} s`;
-  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60);
-  return h ? `${h} h ${m} min` : `${m} min ${Math.round(s % 60)} s`;
+  if (s < 9.95) return `${s.toFixed(1)} s`;
+  if (s < 59.5) return `${Math.round(s)} s`;
+  if (s < 3600 - 0.5) { const r = Math.round(s); return `${Math.floor(r / 60)} min ${r % 60} s`; }
+  const r = Math.round(s / 60);
+  return `${Math.floor(r / 60)} h ${r % 60} min`;
+};
+// A task's time against its timeout: the clock runs only while a worker runs the task; a finished task
+// shows what it used, with no time left and no budget bar.
+D.timeText = function (t) {
+  if (t.clock === "finished") return t.timeout_s ? `${D.dur(t.elapsed_s)} used (timeout ${D.dur(t.timeout_s)})` : `${D.dur(t.elapsed_s)} used`;
+  if (!t.timeout_s) return `${D.dur(t.elapsed_s)} elapsed (no timeout)`;
+  return `${D.dur(t.elapsed_s)} of ${D.dur(t.timeout_s)}, ${D.dur(t.remaining_s)} left` + (t.clock === "stopped" ? " (clock stopped until it runs again)" : "");
 };
 D.bytes = function (b) {
   if (b === null || b === undefined) return "—";

@@ -4,7 +4,7 @@
 const ID = new URLSearchParams(location.search).get("id") || "";
 const S = {
   info: null, control: true, thresholds: {}, samples: [], lastSeq: 0, steps: new Map(), ladder: [],
-  marks: [], plan: null, phase: null, pending: null, diffStep: null,
+  marks: [], plan: null, phase: null, pending: null, diffStep: null, inRun: false, userRollbacks: [],
 };
 const MB = 1024 * 1024, GB = 1024 * MB;
 const $ = (id) => document.getElementById(id);
@@ -32,7 +32,12 @@ function fold(e) {
   else if (e.kind === "resource_threshold_crossed" || e.kind === "resource_monitor_action") {
     S.marks.push({ t: e.ts, metric: d.metric, value: d.value, limit: d.limit, kind: e.kind, action: d.action, outcome: d.outcome });
   }
-  if (LADDER.has(e.kind)) S.ladder.push(e);
+  else if (e.kind === "run_started") S.inRun = true;
+  else if (e.kind === "state") S.inRun = false;
+  // A rollback is the user's (the API, the CLI, this page) or the runtime's (the recovery ladder's L3, a
+  // restart); logs from before the `by` field tell them apart by whether a run was going on.
+  if (e.kind === "rollback" && (d.by || (S.inRun ? "runtime" : "user")) === "user") S.userRollbacks.push(e);
+  else if (LADDER.has(e.kind)) S.ladder.push(e);
 }
 
 function ladderRow(e) {
@@ -59,7 +64,8 @@ function renderTimeline() {
     return D.el("tr", { "data-step": s.n },
       D.el("td", { "data-label": "Step" }, String(s.n), s.end ? null : D.el("div", { class: "muted" }, "running")),
       D.el("td", { "data-label": "Model call" }, m ? `${(m.latency_s || 0).toFixed(2)} s, ${m.prompt_tokens || 0}+${m.completion_tokens || 0} tok` : "—",
-        resp.content ? D.el("div", { class: "muted" }, short(resp.content)) : null),
+        resp.content ? D.el("div", { class: "muted" }, short(resp.content)) : null,
+        resp.finish_reason === "length" ? D.el("div", { class: "fail" }, `reply cut off by ${resp.truncation || "max_tokens"}`) : null),
       D.el("td", { "data-label": "Tool calls" }, calls.map((c) => D.el("div", { class: "mono" }, `${c.name} ${short(c.arguments, 200)}`))),
       D.el("td", { "data-label": "Observation" }, s.obs.map((o) => D.el("details", {},
         D.el("summary", {}, D.el("span", { class: o.ok ? "ok" : "fail" }, o.ok ? "ok" : "failed"),
@@ -72,6 +78,9 @@ function renderTimeline() {
   }));
   $("ladder").tBodies[0].replaceChildren(...(S.ladder.length ? S.ladder.slice(-100).reverse().map(ladderRow)
     : [D.el("tr", {}, D.el("td", { colspan: 5, class: "muted" }, "no recovery events"))]));
+  $("rollbacks").replaceChildren(...S.userRollbacks.slice(-20).reverse().map((e) => D.el("li", {},
+    `${D.time(e.ts)}: rolled back by the user to step ${e.data.to_step} (snapshot ${String(e.data.snapshot).slice(0, 10)})`)));
+  $("rollbacks").hidden = !S.userRollbacks.length;
   const pend = S.pending !== null ? S.steps.get(S.pending) : null;
   const cmd = pend && pend.model && pend.model.response ? (pend.model.response.tool_calls || []).find((c) => c.name === "bash") : null;
   $("live-cmd").textContent = cmd ? `step ${pend.n} running: ${cmd.arguments.command}` : "no command running (the last command's output is shown)";
@@ -105,8 +114,9 @@ function renderInfo() {
   const add = (k, ...v) => kv.push(D.el("dt", {}, k), D.el("dd", {}, ...v));
   add("State", t.state + (t.control ? ` (${t.control} requested)` : "") + (t.reason ? ` — ${t.reason}` : ""));
   if (r) {
-    add("Time", r.time.timeout_s ? `${D.dur(r.time.elapsed_s)} of ${D.dur(r.time.timeout_s)}, ${D.dur(r.time.remaining_s)} left` : `${D.dur(r.time.elapsed_s)} (no timeout)`,
-      r.time.timeout_s ? D.bar(r.time.used, "time budget used") : "");
+    add("Time", D.timeText(r.time), r.time.used !== null && r.time.used !== undefined ? D.bar(r.time.used, "time budget used") : "");
+    add("Alerts", ...(r.alerts.length ? r.alerts.slice(0, 5).map((a) => D.el("div", { class: `alert ${a.level}`, title: D.time(a.ts) }, D.alertText(a)))
+      : [D.el("span", { class: "muted" }, "none")]));
     add("Steps", `${r.steps.committed} committed (max ${r.steps.max}), ${r.steps.model_calls} model calls`);
     add("Last activity", `${D.ago(r.last_activity.ts)} (${r.last_activity.kind}, ${D.time(r.last_activity.ts)})`);
     add("Cost", `${D.num(r.cost.tokens)} tokens (${D.num(r.cost.prompt_tokens)} in / ${D.num(r.cost.completion_tokens)} out)` +
@@ -213,8 +223,13 @@ $("btn-diff").addEventListener("click", async () => {
   try {
     const d = await D.api(`/v1/dash/tasks/${encodeURIComponent(ID)}/diff?step=${n}`);
     $("diff").hidden = false;
-    $("diff").textContent = d.files ? `Rolling back to step ${n} undoes these changes (${d.files} file(s)):\n${d.stat}\n${d.patch}${d.truncated ? "\n[... diff truncated]" : ""}`
+    const deletes = (d.name_status || []).filter((l) => l.startsWith("A\t")).map((l) => l.slice(2));
+    const warn = deletes.length ? `Rolling back DELETES ${deletes.length} file(s) the snapshot does not have` +
+      (d.in_place ? ` from your folder ${d.workspace} (used in place)` : "") + `:\n  ${deletes.slice(0, 50).join("\n  ")}` +
+      (deletes.length > 50 ? `\n  ... and ${deletes.length - 50} more` : "") + "\n\n" : "";
+    $("diff").textContent = d.files ? `${warn}Rolling back to step ${n} undoes these changes (${d.files} file(s)):\n${d.stat}\n${d.patch}${d.truncated ? "\n[... diff truncated]" : ""}`
       : `The workspace equals the snapshot of step ${n}: nothing to undo.`;
+    S.diffDeletes = d.in_place ? deletes : [];  // the user's own folder: ask before deleting from it
     S.diffStep = n;
     $("snap-msg").textContent = "";
   } catch (e) { $("snap-msg").textContent = `diff failed: ${e.message}`; }
@@ -222,6 +237,11 @@ $("btn-diff").addEventListener("click", async () => {
 });
 $("btn-rollback").addEventListener("click", async () => {
   const n = Number($("snap-step").value);
+  if (S.diffDeletes && S.diffDeletes.length && !window.confirm(`Roll back to step ${n}? ${S.diffDeletes.length} file(s) ` +
+      `listed in the diff are deleted: ${S.diffDeletes.slice(0, 5).join(", ")}${S.diffDeletes.length > 5 ? ", ..." : ""}`)) {
+    $("snap-msg").textContent = "not rolled back";
+    return;
+  }
   try {
     const t = await D.api(`/v1/tasks/${encodeURIComponent(ID)}/rollback`, { method: "POST", body: JSON.stringify({ step: n }) });
     $("snap-msg").textContent = `rolled back to step ${n} (snapshot ${t.snapshot.slice(0, 10)})`;

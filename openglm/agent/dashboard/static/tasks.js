@@ -9,7 +9,7 @@ function phaseCell(r) {
   if (p.budget && p.budget.steps) {
     parts.push(D.el("div", { class: "muted" }, `${p.steps ?? 0}/${p.budget.steps} phase steps` +
       (p.budget.minutes ? `, ${D.dur(p.elapsed_s || 0)} of ${p.budget.minutes} min` : "")));
-    parts.push(D.bar(p.used, `phase budget used for ${r.id}`));
+    if (p.used !== null && p.used !== undefined) parts.push(D.bar(p.used, `phase budget used for ${r.id}`));
   } else if (p.steps !== null && p.steps !== undefined) {
     parts.push(D.el("div", { class: "muted" }, `${p.steps} steps in phase` + (p.elapsed_s !== null && p.elapsed_s !== undefined ? `, ${D.dur(p.elapsed_s)}` : "")));
   }
@@ -18,9 +18,12 @@ function phaseCell(r) {
 
 function timeCell(r) {
   const t = r.time;
+  if (t.clock === "finished") return [D.el("div", {}, `${D.dur(t.elapsed_s)} used`),
+    D.el("div", { class: "muted" }, t.timeout_s ? `finished (timeout ${D.dur(t.timeout_s)})` : "finished")];
   if (!t.timeout_s) return [D.el("div", {}, `${D.dur(t.elapsed_s)} elapsed`), D.el("div", { class: "muted" }, "no timeout")];
   return [D.el("div", {}, `${D.dur(t.elapsed_s)} of ${D.dur(t.timeout_s)}`),
-    D.el("div", { class: "muted" }, `${D.dur(t.remaining_s)} left`), D.bar(t.used, `time budget used for ${r.id}`)];
+    D.el("div", { class: "muted" }, `${D.dur(t.remaining_s)} left` + (t.clock === "stopped" ? " (clock stopped)" : "")),
+    D.bar(t.used, `time budget used for ${r.id}`)];
 }
 
 function render() {

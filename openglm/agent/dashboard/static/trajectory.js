@@ -40,7 +40,8 @@ function turn(t, i, open) {
       D.el("summary", {}, `Prompt: ${t.prompt.length} new message(s) of ${t.prompt_messages}` + (t.prompt_rewritten ? " (context condensed or rolled back: shown whole)" : "") +
         (t.policy_rewrote ? " (the policy rewrote the prompt it sent: shown as the log rebuilds it)" : "")),
       t.prompt.map(msg)),
-    D.el("div", { class: "msg role-assistant" }, D.el("div", { class: "muted" }, "reply"), D.el("pre", { class: "reply" }, t.reply || "(no text)")),
+    D.el("div", { class: "msg role-assistant" }, D.el("div", { class: "muted" }, "reply"), D.el("pre", { class: "reply" }, t.reply || "(no text)"),
+      t.truncation ? D.el("div", { class: "fail" }, `reply cut off by ${t.truncation}`) : null),
     t.reasoning ? D.el("details", { class: "reasoning" }, D.el("summary", {}, "Reasoning"), D.el("pre", {}, t.reasoning)) : null,
     calls.length ? D.el("div", {}, D.el("strong", {}, "Tool calls"), calls) : null,
     t.verdicts.length ? D.el("div", {}, t.verdicts.map(verdict)) : null,
