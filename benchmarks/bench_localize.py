@@ -13,7 +13,9 @@ Real bugs (`--real`, instances from `openglm swe-gen --from-bugsinpy`): each ins
 the harness prepares it (checkout at the buggy commit, its venv over the instance's dependency
 environment, the test patch applied) and localised twice: with the FAIL_TO_PASS tests (`--failing`
 mode) and by running the whole suite (suite mode); a hit means a location the fix changes (any of its
-files / functions / lines) is within the top k. `--baseline REV` measures an earlier openglm commit on
+files / functions / lines) is within the top k; stmt@5 counts a ranked line as a hit when it is a line
+of a statement the fix changes (a fix inside a multi-line regex literal: coverage only ever reports
+the statement's first and last lines). `--baseline REV` measures an earlier openglm commit on
 the same instances (its localize run from a git worktree, the instance's packages on PYTHONPATH),
 for before/after tables. See `real_main` and docs/swe.md.
 """
@@ -21,6 +23,7 @@ for before/after tables. See `real_main` and docs/swe.md.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import re
@@ -212,9 +215,9 @@ def main() -> int:
 
 
 # ---- real bugs (BugsInPy) -------------------------------------------------------------------------------
-REAL_LEVELS = (("files", 1), ("functions", 1), ("functions", 5), ("lines", 1), ("lines", 5))
+REAL_LEVELS = (("files", 1), ("functions", 1), ("functions", 5), ("lines", 1), ("lines", 5), ("statements", 5))
 REAL_NAMES = {("files", 1): "file@1", ("functions", 1): "func@1", ("functions", 5): "func@5",
-              ("lines", 1): "line@1", ("lines", 5): "line@5"}
+              ("lines", 1): "line@1", ("lines", 5): "line@5", ("statements", 5): "stmt@5"}
 DEVELOPMENT = ("youtube-dl", "thefuck", "black")  # the projects localisation was tuned on
 # runs an openglm revision's localize in a child process (--baseline): JSON config in, JSON result out
 BASELINE_DRIVER = """
@@ -232,9 +235,46 @@ def real_truth(inst: dict) -> dict[str, set[str]]:
     return {level: set(bug[level]) for level in ("files", "functions", "lines")}
 
 
-def real_ranks(result: dict, inst: dict) -> dict[str, int | None]:
+def statement_lines(source: str) -> dict[int, range]:
+    """{line: the lines of the innermost statement holding it} (a compound statement: its header only).
+    Coverage reports a multi-line statement by the lines that hold bytecode, never by the inner lines
+    of a long string or call, so a line-level localiser can only rank statements."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return {}
+    spans: dict[int, range] = {}
+    for node in ast.walk(tree):  # outer statements first: inner ones overwrite their lines
+        if isinstance(node, ast.stmt):
+            body = getattr(node, "body", None)
+            last = body[0].lineno - 1 if isinstance(body, list) and body else node.end_lineno or node.lineno
+            span = range(node.lineno, max(last, node.lineno) + 1)
+            for line in span:
+                if line not in spans or len(span) <= len(spans[line]):
+                    spans[line] = span
+    return spans
+
+
+def statement_truth(inst: dict, repo: Path) -> set[str]:
+    """The lines of the statements (in the buggy tree) holding a line the fix changes."""
+    out = set(real_truth(inst)["lines"])
+    sources: dict[str, dict[int, range]] = {}
+    for key in list(out):
+        rel, _, line = key.rpartition(":")
+        if rel not in sources:
+            path = repo / rel
+            sources[rel] = statement_lines(path.read_text(errors="replace")) if path.is_file() else {}
+        out.update(f"{rel}:{n}" for n in sources[rel].get(int(line), ()))
+    return out
+
+
+def real_ranks(result: dict, inst: dict, statements: set[str] | None = None) -> dict[str, int | None]:
+    """First-hit ranks per level; with `statements`, also `statements` (a ranked line in a changed statement)."""
     want = real_truth(inst)
-    return {level: first_hit_rank(result["combined"].get(level, []), want[level]) for level in want}
+    ranks = {level: first_hit_rank(result["combined"].get(level, []), want[level]) for level in want}
+    if statements is not None:
+        ranks["statements"] = first_hit_rank(result["combined"].get("lines", []), statements)
+    return ranks
 
 
 def prepared(inst: dict, repos: Path, envs: Path):
@@ -321,12 +361,13 @@ def real_rows(instances: list[dict], args, baseline: Path | None, results_file: 
                         continue
                     res = localize_real(inst, mode, box, baseline, args.timeout)
                     r = {"instance_id": inst["instance_id"], "project": project_of(inst), "mode": mode,
-                         "ranks": real_ranks(res, inst), "seconds": res["seconds"],
+                         "ranks": real_ranks(res, inst, statement_truth(inst, box.repo)), "seconds": res["seconds"],
                          "ranked": bool(res.get("combined", {}).get("functions")),
                          "failing_set": len(res.get("failing_set", [])),
                          "other_failing": len(res.get("other_failing", [])),
                          "timed_out": res.get("timed_out", False), "error": res.get("error"),
-                         "top_functions": [x["location"] for x in res.get("combined", {}).get("functions", [])[:5]]}
+                         "top_functions": [x["location"] for x in res.get("combined", {}).get("functions", [])[:5]],
+                         "top_lines": [x["location"] for x in res.get("combined", {}).get("lines", [])]}
                     done[(inst["instance_id"], mode)] = r
                     f.write(json.dumps(r) + "\n")
                     f.flush()

@@ -455,9 +455,13 @@ def pytest_setup(requirements: list[str], scratch: Path, timeout: float) -> dict
             notes.append("pytest runs with --assert=plain (its assertion rewriting fails on this Python)")
             continue
         elif fallbacks:
-            pinned = next(r for r in reqs if _name(r) == "pytest")
-            reqs = [fallbacks[0] if r == pinned else r for r in reqs]
-            notes.append(f"{pinned} cannot run here: {fallbacks.pop(0)} instead")
+            pinned = next((r for r in reqs if _name(r) == "pytest"), None)
+            if pinned is None:  # the project's requirements name no pytest: bring one
+                reqs = [*reqs, fallbacks[0]]
+                notes.append(f"no pytest in the requirements runs here: {fallbacks.pop(0)} added")
+            else:
+                reqs = [fallbacks[0] if r == pinned else r for r in reqs]
+                notes.append(f"{pinned} cannot run here: {fallbacks.pop(0)} instead")
             args = []
         else:
             break
