@@ -318,7 +318,8 @@ def run_baseline(root: Path, box, failing: list[str], config: dict, timeout: flo
     paths = [str(pth)] + [ln for ln in (pth / "openglm-harness.pth").read_text().splitlines()[1:] if ln]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), *paths]))
     req = json.dumps({"repo": str(box.repo), "failing": failing, "config": config})
-    rc, out, timed_out = run_command([sys.executable, "-c", BASELINE_DRIVER], ROOT, env=env, input=req,
+    # cwd is the baseline tree: `python -c` puts the cwd first on sys.path, before PYTHONPATH
+    rc, out, timed_out = run_command([sys.executable, "-c", BASELINE_DRIVER], root, env=env, input=req,
                                      timeout=timeout + 300)
     last = out.strip().splitlines()[-1] if out.strip() else ""
     if rc != 0 or not last.startswith("{"):
