@@ -14,7 +14,8 @@ import uvicorn
 from openglm.deploy.config import DeployConfig, engine_config, unused_fields
 from openglm.engine import LLMEngine
 from openglm.engine.model_runner import ModelRunner
-from openglm.engine.parallel import BroadcastingModelRunner, exit_rank, follow_steps, shard_for_serving
+from openglm.engine.parallel import (BroadcastingModelRunner, check_shardable, exit_rank, follow_steps,
+                                     shard_for_serving)
 from openglm.engine.quant import quantize_model
 from openglm.model.checkpoint import load_model, read_config, resolve_checkpoint
 from openglm.model.errors import ModelError
@@ -31,7 +32,9 @@ def build_engine(cfg: DeployConfig) -> LLMEngine | ModelRunner:
     The layout is checked against the checkpoint's config before any process group starts."""
     path = resolve_checkpoint(cfg.model)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    check_serving_layout(cfg.layout, read_config(path), world)
+    model_cfg = read_config(path)
+    check_serving_layout(cfg.layout, model_cfg, world)
+    check_shardable(model_cfg, world)  # what openglm's own engine can shard (vLLM/SGLang may do more)
     config = engine_config(cfg, world)
     if world == 1:
         return LLMEngine.from_pretrained(path, config)
@@ -62,7 +65,7 @@ def serve(cfg: DeployConfig, api_key: str | None, limits: ServerLimits, public_m
         follow_steps(built)
         exit_rank()
     ranks = dist.get_world_size() if dist.is_initialized() else 1
-    for note in unused_fields(cfg, ranks):
+    for note in [*unused_fields(cfg, ranks), *built.notes]:  # the engine's: e.g. a hybrid model's settings
         print(f"openglm serve: note: {note}", file=sys.stderr)
     app = create_app(built, cfg.name, api_key=api_key, public_metrics=public_metrics, limits=limits,
                      json_whitespace=cfg.json_whitespace)

@@ -25,6 +25,7 @@ from openglm.engine.sampler import Sampler
 from openglm.engine.sampling_params import SamplingParams
 from openglm.engine.scheduler import Scheduler
 from openglm.engine.sequence import Sequence
+from openglm.engine.state_cache import StateSlots, hybrid_engine_config
 from openglm.engine.speculative import SpeculativeDecoder
 from openglm.tokenizer import Tokenizer
 from openglm.model.checkpoint import resolve_checkpoint  # a checkpoint, or a run folder's latest one
@@ -42,7 +43,9 @@ class PromptError(ValueError):
 class LLMEngine:
     def __init__(self, model: torch.nn.Module, tokenizer, config: EngineConfig | None = None,
                  runner: ModelRunner | None = None):  # runner: e.g. tensor-parallel rank 0's, which broadcasts
-        self.config = config = config or EngineConfig()
+        # a hybrid model (linear-attention state per sequence): no prefix caching; `notes` say what changed
+        config, self.notes = hybrid_engine_config(model, config or EngineConfig())
+        self.config = config
         self.tokenizer = tokenizer
         device = resolve_device(config.device)
         if next(model.parameters()).device != device:  # the runner allocates its KV pool where the model is
@@ -55,9 +58,11 @@ class LLMEngine:
                          "draft_tokens": 0, "accepted_draft_tokens": 0}
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching, config.session_ttl)
-        self.scheduler = Scheduler(config, self.block_manager)
         self.runner = runner or ModelRunner(model, config.num_kv_blocks, config.block_size,
-                                            getattr(tokenizer, "pad_id", 0) if tokenizer is not None else 0)
+                                            getattr(tokenizer, "pad_id", 0) if tokenizer is not None else 0,
+                                            num_state_slots=config.max_num_seqs)
+        states = getattr(self.runner, "states", None)
+        self.scheduler = Scheduler(config, self.block_manager, None if states is None else StateSlots(states.num_slots))
         self.sampler = Sampler(config.seed)
         self.postprocess = Postprocessor(self.scheduler, tokenizer, self.max_model_len, self.counters)
         self.speculator = None if not config.num_speculative_tokens else SpeculativeDecoder(

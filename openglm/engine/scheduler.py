@@ -3,8 +3,9 @@
 Every step has a token budget (`max_num_batched_tokens`) and a sequence limit (`max_num_seqs`).
 Running sequences go first (one token each when decoding, plus its draft tokens under speculative
 decoding, or a chunk when their prompt is still being prefilled); waiting requests join with whatever
-budget is left, their long prompts cut into chunks (chunked prefill). When the KV pool runs dry, the most recently admitted sequence is preempted: its
-blocks are freed and it is recomputed later, instead of any request failing.
+budget is left, their long prompts cut into chunks (chunked prefill). When the KV pool runs dry, the most
+recently admitted sequence is preempted: its blocks (and a hybrid model's state slot) are freed and it is
+recomputed later, instead of any request failing.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from openglm.engine.block_manager import BlockManager
 from openglm.engine.config import EngineConfig
 from openglm.engine.sequence import Sequence, SequenceStatus
+from openglm.engine.state_cache import StateSlots
 
 
 @dataclass
@@ -31,9 +33,10 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, state_slots: StateSlots | None = None):
         self.config = config
         self.block_manager = block_manager
+        self.state_slots = state_slots  # hybrid models: a running sequence also holds a state slot
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -79,10 +82,13 @@ class Scheduler:
         while (self.waiting and budget > 0 and not preempted
                and len(self.running) < self.config.max_num_seqs):
             seq = self.waiting[0]
-            if not self.block_manager.can_allocate(seq):
+            no_slot = self.state_slots is not None and not self.state_slots.num_free
+            if no_slot or not self.block_manager.can_allocate(seq):
                 break
             self.waiting.popleft()
             self.block_manager.allocate(seq)
+            if self.state_slots is not None:
+                self.state_slots.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             n = min(seq.num_uncomputed_tokens, budget)
@@ -94,6 +100,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
+        self._free_state(seq)
         seq.reset_for_recompute()
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -106,5 +113,10 @@ class Scheduler:
             self.waiting.remove(seq)
         if seq.block_table:
             self.block_manager.free(seq)
+        self._free_state(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = seq.finish_reason or reason
+
+    def _free_state(self, seq: Sequence) -> None:
+        if self.state_slots is not None:
+            self.state_slots.free(seq)

@@ -31,6 +31,7 @@ class Sequence:
         self.num_computed_tokens = 0  # tokens whose KV entries are in the cache
         self.num_cached_prompt_tokens = 0  # of those, how many came from the prefix cache at admission
         self.block_table: list[int] = []
+        self.state_slot: int | None = None  # hybrid models: the slot of its linear-attention state (state_cache.py)
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None  # "stop" | "length" | "abort"
         self.stop_reason: str | int | None = None

@@ -123,6 +123,9 @@ class CompletionRequest(_Sampling):
 
 
 # ---- chat messages, tools and output constraints (the chat protocol; see docs/serving.md) ----------
+MEDIA_PARTS = {"image_url": "image", "input_image": "image", "image": "image", "video_url": "video", "video": "video"}
+
+
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
@@ -162,6 +165,18 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, v):
+        # A clear refusal of image/video parts (GLM-5.3-Flash checkpoints carry a vision tower openglm does not run)
+        for part in v if isinstance(v, list) else []:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind in MEDIA_PARTS:
+                raise PydanticCustomError("media_input", "{media} input is not supported for this checkpoint: "
+                                          "openglm runs the text model only (content parts of type 'text')",
+                                          {"media": MEDIA_PARTS[kind]})
+        return v
 
     @model_validator(mode="after")
     def _known_fields(self):
