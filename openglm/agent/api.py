@@ -11,9 +11,11 @@ Who may ask:
     must be this server's: another site's page gets 403);
   - a state-changing request carries a JSON body or none: the encodings a cross-site <form> can send
     (urlencoded, multipart, text/plain) are 415.
-What a request may cost (`AGENT_LIMITS`): a 1 MiB body that must arrive within the body deadlines, a
-request head within the header timeout, at most `limit_concurrency` connections; paging parameters are
-range-checked; event streams are async (a viewer waiting for events holds no thread).
+What a request may cost (`AGENT_LIMITS`, enforced by `openglm.util.http_limits` as for the OpenAI server):
+a 1 MiB body that must be whole within 30 s plus 1 s per 64 KiB received, a request head within 10 s, 128
+requests being answered and 128 open connections (beyond that the one waiting longest without a complete
+request is closed); paging parameters are range-checked; event streams are async (a viewer waiting for
+events holds no thread).
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ from openglm.util.auth import Access, access, allows, is_loopback
 from openglm.util.http_limits import BodyLimit, HTTPLimits, send_json
 from openglm.util.sandbox import status as sandbox_status
 
-AGENT_LIMITS = HTTPLimits(max_body_bytes=1 << 20, body_timeout_s=10.0, body_deadline_s=30.0, header_timeout_s=10.0,
-                          keep_alive_s=5, limit_concurrency=128)
+AGENT_LIMITS = HTTPLimits(max_body_bytes=1 << 20, body_timeout_s=30.0, min_body_rate=64 << 10, header_timeout_s=10.0,
+                          keep_alive_s=5, limit_concurrency=128, max_connections=128)
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 MAX_PAGE = 1000
@@ -144,7 +146,7 @@ def create_app(config: AgentConfig, store=None, token: str | None = None, hooks:
     `view_token` (optional) is a read-only key: GET routes only (the dashboard without its controls).
     `workers`: the embedded WorkerPool whose liveness /health reports (None: workers run elsewhere).
     `host`: the address the server binds (a concrete one is a name requests may use); `limits`: the body
-    cap and deadlines (serve() gives uvicorn the same for its connection limits)."""
+    cap, deadline and ready-request cap (serve() gives uvicorn the same for its connection limits)."""
     store = store or open_store(config.store_url)
     hooks = hooks if hooks is not None else load_hooks(config.hooks, config)
     app = FastAPI(title="openglm agent", version="1")

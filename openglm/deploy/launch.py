@@ -21,8 +21,9 @@ from openglm.model.checkpoint import load_model, read_config, resolve_checkpoint
 from openglm.model.errors import ModelError
 from openglm.model.parallel import check_serving_layout
 from openglm.server.app import create_app
-from openglm.server.limits import ServerLimits, uvicorn_config
+from openglm.server.limits import ServerLimits
 from openglm.tokenizer import Tokenizer, tokenizer_folder
+from openglm.util.http_limits import uvicorn_config
 
 IDLE_TIMEOUT = timedelta(days=365)  # followers wait in a broadcast between requests: never time them out
 

@@ -24,12 +24,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from openglm.server.async_engine import AsyncEngine
 from openglm.server.errors import APIError, validation_message
-from openglm.server.limits import BodyLimit, ServerLimits
+from openglm.server.limits import ServerLimits, refuse
 from openglm.server.metrics import ServerMetrics
 from openglm.server.protocol import ChatCompletionRequest, CompletionRequest
 from openglm.server.serving import OpenAIServing
 from openglm.server.status_page import register as register_status_page
 from openglm.util.auth import Access, access
+from openglm.util.http_limits import BodyLimit
 
 try:
     VERSION = importlib.metadata.version("openglm")
@@ -74,7 +75,7 @@ def create_app(engine, model_name: str, api_key: str | None = None, public_metri
         serving.prepare.close()
 
     app = FastAPI(title="openglm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, limits=limits)
+    app.add_middleware(BodyLimit, limits=limits, refuse=refuse)
     app.state.engine, app.state.async_engine, app.state.metrics = engine, async_engine, metrics
 
     # A dependency rather than an HTTP middleware: Starlette's BaseHTTPMiddleware wraps `receive`,

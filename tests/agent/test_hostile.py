@@ -10,6 +10,8 @@ import socket
 import threading
 import time
 import tracemalloc
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import httpx
@@ -20,7 +22,7 @@ from fastapi.testclient import TestClient
 from testutil import free_port
 
 from openglm.agent import service
-from openglm.agent.api import create_app
+from openglm.agent.api import AGENT_LIMITS, create_app
 from openglm.agent.config import AgentConfig
 from openglm.agent.snapshot import Snapshots
 from openglm.agent.store import StoreUnavailable
@@ -226,28 +228,41 @@ def test_event_paging_parameters_out_of_range_are_400s(api):
 
 
 @pytest.fixture
-def live(tmp_path):
-    """An in-process agent API (no workers) on a free port, with short body deadlines."""
-    config = AgentConfig(data_dir=str(tmp_path / "data"))
-    store = SQLiteStore(str(tmp_path / "data" / "agent.db"))
-    limits = HTTPLimits(max_body_bytes=1 << 20, body_timeout_s=1.0, body_deadline_s=2.0, header_timeout_s=2.0)
-    port = free_port()
-    limits = dataclasses.replace(limits, limit_concurrency=500)  # room for the many-viewers test
-    server = uvicorn.Server(uvicorn_config(create_app(config, store=store, limits=limits), "127.0.0.1", port, limits,
-                                           log_level="warning"))  # as `agent-server` serves it
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url + "/health", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    yield url, port, store, config
-    server.should_exit = server.force_exit = True
-    thread.join(10)
+def start_live(tmp_path):
+    """Factory: an in-process agent API (no workers) on a free port with `limits`, served as `agent-server`
+    serves it."""
+    servers = []
+
+    def start(limits: HTTPLimits):
+        config = AgentConfig(data_dir=str(tmp_path / "data"))
+        store = SQLiteStore(str(tmp_path / "data" / "agent.db"))
+        port = free_port()
+        server = uvicorn.Server(uvicorn_config(create_app(config, store=store, limits=limits), "127.0.0.1", port,
+                                               limits, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(url + "/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        return url, port, store, config
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = server.force_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def live(start_live):
+    """The agent API with short body and head deadlines, and room for many event-stream viewers."""
+    return start_live(dataclasses.replace(AGENT_LIMITS, body_timeout_s=2.0, header_timeout_s=2.0,
+                                          max_connections=500))
 
 
 def test_idle_event_streams_hold_no_thread(live):
@@ -271,26 +286,81 @@ def test_idle_event_streams_hold_no_thread(live):
             s.close()
 
 
-def test_a_trickled_body_is_cut_off_at_the_deadline(live):
-    url, port, store, _ = live
+def test_a_trickled_body_is_cut_off_at_the_whole_body_deadline(live):
+    _, port, store, _ = live
     s = socket.create_connection(("127.0.0.1", port))
     s.sendall(f"POST /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
               "Content-Length: 100\r\n\r\n".encode())
     t0 = time.monotonic()
     answer = b""
-    s.settimeout(0.5)
+    s.settimeout(0.25)
     while time.monotonic() - t0 < 15 and not answer:
         try:
-            s.sendall(b" ")  # one byte every half second: never a gap of 1 s, but no whole body in 2 s
+            s.sendall(b" ")  # a byte every quarter second: every pause short, the body never whole
         except OSError:
             break
         try:
-            answer = s.recv(200)
+            answer = s.recv(1000)
         except socket.timeout:
             pass
+    seconds = time.monotonic() - t0
+    s.settimeout(5)
+    while answer and not answer.endswith(b"}"):  # the head and the JSON body may come apart
+        more = s.recv(1000)
+        if not more:
+            break
+        answer += more
     s.close()
-    assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 10  # 2 s deadline; generous
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"did not arrive in time (2 s, plus 1 s per 65536 bytes received)" in answer
+    assert 1.9 < seconds < 10  # the 2 s deadline (plus 1/65536 s per byte); generous for a loaded machine
     assert store.list_tasks() == []
+
+
+def test_an_oversized_upload_is_a_413_that_urllib_and_httpx_read(live):
+    url, _, store, _ = live
+    body = b'{"objective": "' + b"a" * (8 << 20) + b'"}'  # 8 MiB against the 1 MiB cap, sent whole regardless
+    request = urllib.request.Request(f"{url}/v1/tasks", data=body, method="POST",
+                                      headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:  # without the lingering close: a connection reset
+        urllib.request.urlopen(request, timeout=60)
+    assert e.value.code == 413 and b"larger than this server's limit of 1048576 bytes" in e.value.read()
+    resp = httpx.post(f"{url}/v1/tasks", content=body, headers={"Content-Type": "application/json"}, timeout=60)
+    assert resp.status_code == 413 and "1048576 bytes" in resp.json()["detail"]
+    assert store.list_tasks() == [] and httpx.get(f"{url}/health", timeout=10).status_code == 200
+
+
+def test_slow_connections_do_not_take_the_places_of_ready_requests(start_live):
+    limits = dataclasses.replace(AGENT_LIMITS, limit_concurrency=8, max_connections=8, header_timeout_s=60,
+                                 body_timeout_s=60)
+    url, port, store, _ = start_live(limits)
+    slow = []
+    try:
+        for i in range(16):  # unfinished heads and trickled bodies, twice the connection cap
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            head = f"POST /v1/tasks HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            s.sendall((head + "Content-Length: 1000\r\n\r\n{" if i % 2 else head).encode())
+            slow.append(s)
+        time.sleep(0.5)
+        with httpx.Client(base_url=url, timeout=30) as c:  # uvicorn's own connection count answered 503 here
+            for _ in range(3):
+                assert c.post("/v1/tasks", json={"objective": "ready"}).status_code == 201
+            assert c.get("/health").status_code == 200
+        assert len(store.list_tasks()) == 3
+        assert sum(map(closed_by_server, slow)) >= 8  # the ones beyond the cap, the longest-waiting first
+    finally:
+        for s in slow:
+            s.close()
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    s.settimeout(0.01)
+    try:
+        return s.recv(100) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
 
 
 def test_a_request_head_trickled_forever_is_dropped(live):

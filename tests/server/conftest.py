@@ -66,7 +66,8 @@ def start_server(checkpoint):
 
     from openglm.engine import EngineConfig, LLMEngine
     from openglm.server.app import create_app
-    from openglm.server.limits import ServerLimits, uvicorn_config
+    from openglm.server.limits import ServerLimits
+    from openglm.util.http_limits import uvicorn_config
 
     started = []
 
