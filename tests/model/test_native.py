@@ -76,16 +76,16 @@ def test_decode_kernels_refuse_sizes_outside_their_limits_and_write_nothing():
     n = limits.max_rows + 1
     x, w = torch.randn(n, 64), torch.randn(32, 64)
     out = torch.full((n, 32), 7.0)
-    assert lib.rows_linear(ptr(x), n, ptr(w), None, native.W_F32, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS
-    assert lib.rows_linear(ptr(x), 2, ptr(w), None, native.W_F32, 0, 32, 24, ptr(out)) == KERNEL_BAD_ARGS  # k % 16
-    assert lib.rows_linear(ptr(x), 2, ptr(w), None, native.W_I8, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS  # no scale
-    assert lib.rows_linear(ptr(x), 2, ptr(w), None, 7, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS  # no such type
+    assert lib.rows_linear(ptr(x), n, ptr(w), None, native.W_F32, 0, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS
+    assert lib.rows_linear(ptr(x), 2, ptr(w), None, native.W_F32, 0, 0, 32, 24, ptr(out)) == KERNEL_BAD_ARGS  # k % 16
+    assert lib.rows_linear(ptr(x), 2, ptr(w), None, native.W_I8, 0, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS  # no scale
+    assert lib.rows_linear(ptr(x), 2, ptr(w), None, 7, 0, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS  # no such type
     wide = limits.heads_max_width + 16
-    assert lib.heads_linear(ptr(x), 2, 1, ptr(w), None, native.W_F32, 0, 0, wide, 64, ptr(out)) == KERNEL_BAD_ARGS
-    assert lib.heads_linear(ptr(x), 2, 2, ptr(w), None, native.W_F32, 16, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS
+    assert lib.heads_linear(ptr(x), 2, 1, ptr(w), None, native.W_F32, 0, 0, 0, wide, 64, ptr(out)) == KERNEL_BAD_ARGS
+    assert lib.heads_linear(ptr(x), 2, 2, ptr(w), None, native.W_F32, 0, 16, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS
     counts = torch.tensor([1, n], dtype=torch.int64)
     gu, dn, work = torch.randn(2, 32, 64), torch.randn(2, 64, 16), torch.empty(n * 48)
-    assert lib.experts_swiglu(ptr(x), ptr(counts), 2, ptr(gu), ptr(dn), None, None, native.W_F32, 64, 16, ptr(out),
+    assert lib.experts_swiglu(ptr(x), ptr(counts), 2, ptr(gu), ptr(dn), None, None, native.W_F32, 0, 64, 16, ptr(out),
                               ptr(work)) == KERNEL_BAD_ARGS
     b16 = torch.randn(2, 8).bfloat16()
     assert lib.rms_norm_bf16(ptr(b16), 2, 8, ptr(b16), 1e-6, ptr(b16)) == KERNEL_BAD_ARGS  # dim % 16
