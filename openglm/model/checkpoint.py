@@ -26,13 +26,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from openglm.model import fp8
+from openglm.model import fp8, int4
 from openglm.model.hf_names import GLM_MOE, extra_layer, hf_name
 from openglm.model.config import FP32_TENSORS, ModelConfig
 from openglm.model.errors import (CheckpointError, CheckpointPathError, CheckpointTooLargeError, ConfigError,
                                   CorruptShardError, MissingShardError, MissingTensorError, NonFiniteTensorError,
                                   TensorDTypeError, UnexpectedTensorError)
 from openglm.model.model import GlmMoeDsaForCausalLM
+from openglm.model.quantized import QuantizedWeight
 from openglm.model.rope import RotaryEmbedding
 from openglm.util.files import replace_dir, restore_replaced_dir
 
@@ -64,9 +65,9 @@ class TensorInfo:
 
 
 def save_pretrained(model: GlmMoeDsaForCausalLM, path, max_shard_size: int = 2 << 30,
-                    quantization: fp8.Fp8Config | None = None) -> None:
+                    quantization: fp8.Fp8Config | int4.Int4Config | None = None) -> None:
     """Write `model` as a Hugging Face checkpoint; with `quantization`, as an FP8 block-quantised one (the
-    format of the -FP8 releases, which vLLM and SGLang serve)."""
+    format of the -FP8 releases, which vLLM and SGLang serve) or an int4 one (`int4.py`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = _hf_state_dict(model)
@@ -97,7 +98,9 @@ def save_pretrained(model: GlmMoeDsaForCausalLM, path, max_shard_size: int = 2 <
 def _hf_state_dict(model) -> dict[str, torch.Tensor]:
     out = {}
     n = model.config.num_hidden_layers
-    for name, t in model.state_dict().items():
+    tensors = dict(model.state_dict())  # quantised weights are buffers outside it: written dequantised
+    tensors.update((name, b.dequantize()) for name, b in model.named_buffers() if isinstance(b, QuantizedWeight))
+    for name, t in tensors.items():
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
         for disk_name, piece in GLM_MOE.to_hf(hf_name(name, n), t.detach()):
@@ -108,14 +111,23 @@ def _hf_state_dict(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def _quantized(tensors: dict[str, torch.Tensor], q: fp8.Fp8Config) -> dict[str, torch.Tensor]:
+def _quantized(tensors: dict[str, torch.Tensor], q: fp8.Fp8Config | int4.Int4Config) -> dict[str, torch.Tensor]:
     out = {}
     for name, t in tensors.items():
-        if q.converts(name, t):
-            out[name], out[name + fp8.SCALE_SUFFIX] = fp8.quantize(t, q.block)
-        else:
+        if not q.converts(name, t):
             out[name] = t
+        elif isinstance(q, int4.Int4Config):
+            out[name], out[name + int4.SCALE_SUFFIX] = q.quantize(t)
+        else:
+            out[name], out[name + fp8.SCALE_SUFFIX] = fp8.quantize(t, q.block)
     return out
+
+
+def parse_quantization(qc) -> fp8.Fp8Config | int4.Int4Config | None:
+    """The quantisation of a config.json's quantization_config: FP8 blocks, openglm's int4, or None."""
+    if isinstance(qc, dict) and qc.get("quant_method") == int4.METHOD:
+        return int4.parse(qc)
+    return fp8.parse_quantization_config(qc)
 
 
 def _split(tensors: dict, max_bytes: int) -> list[dict]:
@@ -253,13 +265,21 @@ def read_headers(files: list[Path]) -> dict[str, TensorInfo]:
 
 
 def checkpoint_dtype(tensors: dict[str, TensorInfo], declared: str | None,
-                     quant: fp8.Fp8Config | None) -> torch.dtype:
+                     quant: fp8.Fp8Config | int4.Int4Config | None) -> torch.dtype:
     """The one floating dtype of the checkpoint's weights (TensorDTypeError naming the first tensor that breaks
-    the rules): floating tensors only; FP8 e4m3 only for weights with a block scale in an FP8 checkpoint; every
-    other tensor in the dtype config.json declares (else that of the other tensors), except the tensors the
-    model keeps in fp32, which may be fp32."""
+    the rules): floating tensors only; FP8 e4m3 only for weights with a block scale in an FP8 checkpoint; uint8
+    codes only for weights with their bf16 scales in an int4 checkpoint; every other tensor in the dtype
+    config.json declares (else that of the other tensors), except the tensors the model keeps in fp32, which may
+    be fp32."""
     plain = {}
+    is_int4 = isinstance(quant, int4.Int4Config)
     for name, t in tensors.items():
+        if is_int4 and (t.dtype == "U8" or name.endswith(int4.SCALE_SUFFIX)):
+            codes = name.removesuffix(int4.SCALE_SUFFIX)
+            if codes not in tensors or tensors[codes].dtype != "U8" or codes + int4.SCALE_SUFFIX not in tensors:
+                raise TensorDTypeError(f"tensor {name!r} in {t.file}: an int4 weight is uint8 codes NAME with bf16 "
+                                       f"scales NAME{int4.SCALE_SUFFIX}, and one of the pair is missing")
+            continue
         if name.endswith(fp8.SCALE_SUFFIX):
             base = tensors.get(name.removesuffix(fp8.SCALE_SUFFIX))
             if quant is None or base is None or base.dtype != "F8_E4M3" or t.dtype not in ("F32", "BF16"):
@@ -294,7 +314,7 @@ def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu"
     checkpoint's). Every bad input raises a ModelError subclass naming the key, tensor or file."""
     raw = read_config_json(path)
     cfg = read_config(path, raw)
-    quant = fp8.parse_quantization_config(raw.get("quantization_config"))
+    quant = parse_quantization(raw.get("quantization_config"))
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -320,6 +340,8 @@ def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu"
                 raise CorruptShardError(f"{f}: cannot open ({e})") from None
             handles.update({k: (h, f) for k in h.keys()})
         model, used = _fill(cfg, path, handles, quant, target, device)
+        if isinstance(quant, int4.Int4Config):
+            model._quantization = "int4"
         extra = [k for k in handles if k not in used]
         if extra:
             raise UnexpectedTensorError(f"checkpoint {path} has tensor(s) the config does not use: {extra[:5]}")
@@ -332,11 +354,16 @@ def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu"
 def _fill(cfg, path, handles, quant, target, device):
     """Build the model on meta and assign every tensor from the checkpoint; returns (model, names used)."""
 
+    is_int4 = isinstance(quant, int4.Int4Config)
+
     def get(k):
         h, f = handles[k]
         try:
             t = h.get_tensor(k)
-            if quant is not None and k + fp8.SCALE_SUFFIX in handles:
+            if is_int4 and k + int4.SCALE_SUFFIX in handles:
+                return int4.weight(k, t, handles[k + int4.SCALE_SUFFIX][0].get_tensor(k + int4.SCALE_SUFFIX), quant,
+                                   target, str(f))
+            if isinstance(quant, fp8.Fp8Config) and k + fp8.SCALE_SUFFIX in handles:
                 scale = handles[k + fp8.SCALE_SUFFIX][0].get_tensor(k + fp8.SCALE_SUFFIX)
                 t = fp8.dequantize(t, scale, quant.block, k)
         except SafetensorError as e:
@@ -347,7 +374,7 @@ def _fill(cfg, path, handles, quant, target, device):
 
     with torch.device("meta"):
         model = GlmMoeDsaForCausalLM(cfg)
-    state, used = {}, set()
+    state, quantized, used = {}, {}, set()
     for name, p in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
@@ -356,7 +383,10 @@ def _fill(cfg, path, handles, quant, target, device):
         except KeyError as e:
             raise MissingTensorError(f"checkpoint {path} lacks tensor {e.args[0]!r}") from None
         used.update(names)
-        used.update(k + fp8.SCALE_SUFFIX for k in names if k + fp8.SCALE_SUFFIX in handles)
+        used.update(k + s for k in names for s in (fp8.SCALE_SUFFIX, int4.SCALE_SUFFIX) if k + s in handles)
+        if isinstance(t, QuantizedWeight):  # int4, read in place by the kernels: held as it is stored
+            quantized[name] = t
+            continue
         keep_fp32 = name.endswith("e_score_correction_bias")
         state[name] = t.to(device=device, dtype=torch.float32 if keep_fp32 else target)
     for k in handles:
@@ -364,6 +394,11 @@ def _fill(cfg, path, handles, quant, target, device):
         if i is not None and k.endswith(GLM_MOE.nextn_copies) and k not in used:
             model.mtp_extra[k] = get(k).to(device=device, dtype=target)
             used.update([k, k + fp8.SCALE_SUFFIX])
+    for name, t in quantized.items():  # buffers under the parameters' names, as engine/quant.py holds them
+        module, _, attr = name.rpartition(".")
+        owner = model.get_submodule(module)
+        delattr(owner, attr)
+        owner.register_buffer(attr, t, persistent=False)
     model.load_state_dict(state, strict=not cfg.tie_word_embeddings, assign=True)
     return model, used
 
@@ -371,7 +406,9 @@ def _fill(cfg, path, handles, quant, target, device):
 def _check_memory(path: Path, tensors: dict[str, TensorInfo], dtype: torch.dtype, max_memory) -> None:
     """Refuse up front (from the headers, before mapping any file) when the weights would not fit."""
     size = torch.empty((), dtype=dtype).element_size()
-    need = sum(t.numel * size for name, t in tensors.items() if not name.endswith(fp8.SCALE_SUFFIX))
+    # int4 codes and their scales are held as stored; every other weight in `dtype`
+    need = sum(t.numel * (_ST_DTYPES[t.dtype][0] if t.dtype == "U8" or name.endswith(int4.SCALE_SUFFIX) else size)
+               for name, t in tensors.items() if not name.endswith(fp8.SCALE_SUFFIX))
     avail = max_memory if max_memory is not None else psutil.virtual_memory().available
     if need > avail:
         raise CheckpointTooLargeError(
