@@ -12,7 +12,7 @@ by `openglm deploy`. `engine_config` is the one place an `EngineConfig` is built
     max_model_len: null                   # null: the model's
     block_size: 16                        # tokens per KV block
     num_kv_blocks: 2048                   # openglm's pool size (GPU engines size theirs from memory)
-    quantization: fp8                     # none | fp8 | int8 (weight-only)
+    quantization: fp8                     # none | fp8 | int8 | int4 (weight-only)
     dtype: bfloat16
     device: cpu                           # cpu | cuda | cuda:N (openglm's engine on one process; docs/gpu.md)
     session_cache: {enabled: true, ttl_s: 600}   # prefix cache across turns, idle blocks kept ttl_s seconds
@@ -85,8 +85,8 @@ class DeployConfig:
                 raise DeployConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len <= 0):
             raise DeployConfigError(f"max_model_len must be a positive integer or null, got {self.max_model_len!r}")
-        if self.quantization not in (None, "none", "fp8", "int8"):
-            raise DeployConfigError(f"quantization must be none, fp8 or int8, got {self.quantization!r}")
+        if self.quantization not in (None, "none", "fp8", "int8", "int4"):
+            raise DeployConfigError(f"quantization must be none, fp8, int8 or int4, got {self.quantization!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise DeployConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.json_whitespace not in ("compact", "flexible"):

@@ -45,9 +45,10 @@ def vllm_command(cfg: DeployConfig) -> tuple[list[str], list[str]]:
         argv += ["--max-model-len", str(cfg.max_model_len)]
     if cfg.quantization == "fp8":
         argv += ["--quantization", "fp8"]
-    elif cfg.quantization == "int8":
-        raise HandoffError("quantization int8 (weight-only, per channel) has no vLLM equivalent for an unquantised "
-                           "checkpoint; use fp8, or an int8 checkpoint (e.g. compressed-tensors)")
+    elif cfg.quantization in ("int8", "int4"):
+        raise HandoffError(f"quantization {cfg.quantization} (weight-only, openglm's CPU kernels) has no vLLM "
+                           "equivalent for an unquantised checkpoint; use fp8, or a checkpoint quantised for it "
+                           "(e.g. compressed-tensors)")
     argv.append("--enable-prefix-caching" if cfg.session_cache.enabled else "--no-enable-prefix-caching")
     if cfg.speculative is not None:
         spec = {"method": "mtp", "num_speculative_tokens": cfg.speculative.num_speculative_tokens}
@@ -75,9 +76,9 @@ def sglang_command(cfg: DeployConfig) -> tuple[list[str], list[str]]:
         argv += ["--context-length", str(cfg.max_model_len)]
     if cfg.quantization == "fp8":
         argv += ["--quantization", "fp8"]
-    elif cfg.quantization == "int8":
-        raise HandoffError("quantization int8 (weight-only) has no SGLang equivalent for an unquantised checkpoint "
-                           "(its w8a8_int8 also quantises activations); use fp8")
+    elif cfg.quantization in ("int8", "int4"):
+        raise HandoffError(f"quantization {cfg.quantization} (weight-only) has no SGLang equivalent for an "
+                           "unquantised checkpoint (its w8a8_int8 also quantises activations); use fp8")
     if not cfg.session_cache.enabled:
         argv.append("--disable-radix-cache")
     if cfg.speculative is not None:  # SGLang runs GLM's MTP layer as an EAGLE-style draft (NEXTN is an alias)

@@ -44,7 +44,7 @@ def test_engine_serves_quantized_weights(tiny_checkpoint):
     out = llm.generate("def f():", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 8
     with pytest.raises(ValueError, match="quantization"):
-        LLM(str(tiny_checkpoint), quantization="int4")
+        LLM(str(tiny_checkpoint), quantization="int3")
 
 
 def test_int8_decode_step_matches_the_dequantised_model(tiny_checkpoint):
