@@ -49,7 +49,8 @@ class Int4Config:
 
     def to_hf(self) -> dict:
         return {"quant_method": METHOD, "bits": 4, "group_size": self.group, "symmetric": True,
-                "scale_dtype": "bfloat16", "packing": PACKING, "modules_to_not_convert": list(self.modules_to_not_convert)}
+                "scale_dtype": "bfloat16", "packing": PACKING,
+                "modules_to_not_convert": list(self.modules_to_not_convert)}
 
     def converts(self, hf_name: str, tensor: torch.Tensor) -> bool:
         """Whether this tensor is written as int4: a 2-D floating `.weight` outside modules_to_not_convert whose

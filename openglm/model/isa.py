@@ -8,7 +8,7 @@ Two CPU kinds run this project: AMD EPYC (Zen 4: AVX-512 with BF16 and VNNI, no 
   gate, up and down weights packed once into oneDNN's layout (`fast.onednn_experts`, cached with the weights),
   gate with SiLU fused and up with the product fused into its matmul;
 - without AMX, "grouped" (torch._grouped_mm: two calls for all experts), which measured as fast as the packed
-  oneDNN path on the EPYC (docs/cpu.md) without a second copy of the expert weights.
+  oneDNN path on the EPYC (docs/model.md, "CPU kinds") without a second copy of the expert weights.
 OPENGLM_EXPERTS=onednn|grouped overrides the choice (benchmarks, tests).
 """
 

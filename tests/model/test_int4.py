@@ -162,7 +162,8 @@ def test_int4_kernels_refuse_sizes_and_groups_they_do_not_take():
     w = _int4(8, 64)
     x = torch.randn(1, 64)
     y = torch.empty(1, 8)
-    args = lambda group, k=64: (native.ptr(x), 1, native.ptr(w.qdata), native.ptr(w.scale), native.W_I4, group, 0, 8,  # noqa: E731
+    args = lambda group, k=64: (native.ptr(x), 1, native.ptr(w.qdata), native.ptr(w.scale),  # noqa: E731
+                                native.W_I4, group, 0, 8,
                                 k, native.ptr(y))
     assert lib.rows_linear(*args(32)) == 0
     for group in (0, 16, 48, 256):  # not a group the kernels take, or not dividing 64
