@@ -41,6 +41,7 @@ MODEL_FAMILIES: dict[str, set[str]] = {
     "glm5": set(),  # GLM-5: MLA + DSA
     "glm4": set(),  # GLM-4.x: GQA
     "glm4_lite": {"glm5"},  # GLM-4.7-Flash: GLM-5's MLA without the indexer
+    "glm5_next": {"glm5"},  # GLM-5.3-Flash: GLM-5's MLA (NoPE) and DSA code with a pooled indexer, KDA layers
 }
 FAMILY_REGISTRY = "openglm.model.families"
 # Shared modules that may still reach into a family: the CUDA dispatch hands DSA cases its kernels do not take back

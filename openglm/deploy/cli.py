@@ -7,6 +7,7 @@ engine flags, `deploy` from deploy.yaml. The heavy imports (torch, the engine, u
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import shutil
@@ -14,8 +15,8 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from openglm.deploy.config import DeployConfig, DeployConfigError, SessionCache, Speculative, load_deploy_config
-from openglm.deploy.handoff import launch_command
+from openglm.deploy.config import (OPENGLM_DEFAULTS, DeployConfig, DeployConfigError, SessionCache, Speculative,
+                                   load_deploy_config)
 from openglm.server.limits import ServerLimits
 from openglm.util.auth import is_loopback
 
@@ -60,6 +61,11 @@ LIMIT_FLAGS = [
 DEPLOY = {f.name: f.default for f in fields(DeployConfig)}  # the defaults of a deployment: one set for both
 
 
+def own(name: str) -> str:
+    """Help text of a tuning flag: left out it is None, which openglm's engine resolves to OPENGLM_DEFAULTS."""
+    return f" (default {OPENGLM_DEFAULTS[name]})"
+
+
 def register(subparsers):
     register_serve(subparsers)
     register_deploy(subparsers)
@@ -89,11 +95,11 @@ def register_serve(subparsers):
     p.add_argument("--public-metrics", action="store_true",
                    help="serve /metrics without the key (default: /metrics needs the key when one is set)")
     p.add_argument("--served-model-name", default=None, help="model id clients use (default: folder name)")
-    p.add_argument("--block-size", type=int, default=DEPLOY["block_size"], help="tokens per KV block"+D)
-    p.add_argument("--num-kv-blocks", type=int, default=DEPLOY["num_kv_blocks"], help="KV blocks in the paged pool"+D)
-    p.add_argument("--max-num-seqs", type=int, default=DEPLOY["max_num_seqs"], help="sequences batched per step"+D)
-    p.add_argument("--max-num-batched-tokens", type=int, default=DEPLOY["max_num_batched_tokens"],
-                   help="tokens computed per step"+D)
+    p.add_argument("--block-size", type=int, default=None, help="tokens per KV block" + own("block_size"))
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks in the paged pool" + own("num_kv_blocks"))
+    p.add_argument("--max-num-seqs", type=int, default=None, help="sequences batched per step" + own("max_num_seqs"))
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens computed per step (prefill chunk + decodes)" + own("max_num_batched_tokens"))
     p.add_argument("--max-model-len", type=int, default=None,
                    help="context limit in tokens, prompt + output (default: the model's max_position_embeddings)")
     for flag, name, kind, text in LIMIT_FLAGS:
@@ -105,8 +111,8 @@ def register_serve(subparsers):
     p.add_argument("--quantization", choices=["none", "int8", "int4", "fp8"], default="none",
                    help="weight-only quantisation (int8 and int4 read in place by the CPU kernels, fp8 dequantised "
                         "per op; an int4 checkpoint from `openglm convert --int4` loads as int4 without it)"+D)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=DEPLOY["dtype"],
-                   help="weight and compute dtype"+D)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="weight and compute dtype" + own("dtype"))
     p.add_argument("--device", default=DEPLOY["device"], metavar="DEVICE",
                    help="cpu, cuda or cuda:N: where the weights, the paged KV cache and the steps run; on CUDA the "
                         "MoE experts and DSA attention run Triton kernels (the `gpu` extra; docs/gpu.md)"+D)
@@ -179,22 +185,32 @@ def serve(args) -> int:
 def register_deploy(subparsers):
     p = subparsers.add_parser(
         "deploy", help="print (or run) the vLLM / SGLang launch equivalent to a deploy.yaml",
-        description="Map a deploy.yaml (parallel_config, batching, block size, FP8, MTP, GLM parsers) to the launch "
-                    "command of a GPU serving engine. Fields the engine expresses differently are noted on stderr.")
+        description="Map a deploy.yaml (parallel_config, batching, FP8, MTP) to the launch command of a GPU serving "
+                    "engine, with the model family's recipe (published FP8 checkpoint, tool-call and reasoning "
+                    "parsers, chat-template content format). Notes and warnings (fields the engine expresses "
+                    "differently, a layout whose weights do not fit the GPU) go to stderr.")
     p.add_argument("config", help="deploy.yaml (see docs/scaling.md)")
     p.add_argument("--engine", choices=["vllm", "sglang"], default="vllm", help="target engine (default: vllm)")
+    p.add_argument("--gpu", default=None, metavar="GPU",
+                   help="the GPU the layout must fit (H100, H200, B200, ..., or e.g. 96GB); default: deploy.yaml's "
+                        "gpu, else the weights per GPU are printed without a check")
     p.add_argument("--run", action="store_true", help="exec the command instead of printing it (default: print)")
     p.set_defaults(func=deploy)
 
 
 def deploy(args) -> int:
+    from openglm.deploy.handoff import launch_command  # the model's parameter accounting (torch) comes with it
+
     try:
-        argv, notes = launch_command(load_deploy_config(args.config), args.engine)
+        cfg = load_deploy_config(args.config)
+        if args.gpu is not None:
+            cfg = dataclasses.replace(cfg, gpu=args.gpu)
+        argv, notes = launch_command(cfg, args.engine)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     for note in notes:
-        print(f"note: {note}", file=sys.stderr)
+        print(note, file=sys.stderr)
     if not args.run:
         print(shlex.join(argv))
         return 0

@@ -2,25 +2,30 @@
 flags; served by `openglm serve` (under torchrun for tensor/expert parallelism) or handed to vLLM / SGLang
 by `openglm deploy`. `engine_config` is the one place an `EngineConfig` is built for serving.
 
-    model: runs/demo                      # checkpoint folder (or a Hugging Face id, for the hand-off)
+    model: zai-org/GLM-5.1                # checkpoint folder (or a Hugging Face id, for the hand-off)
+    family: glm-5.1                       # the hand-off's recipe; default: from the model's name or config.json
+    gpu: H200                             # the hand-off checks the weights per GPU against it
     served_model_name: glm-5.1
     host: 0.0.0.0
     port: 8000
-    parallel_config: {tensor_parallel: 4, expert_parallel: 2, pipeline_parallel: 1}   # the write-ups' block
-    max_num_batched_tokens: 202000        # tokens computed per step (prefill chunk + decodes)
-    max_num_seqs: 32
-    max_model_len: null                   # null: the model's
-    block_size: 16                        # tokens per KV block
+    parallel_config: {tensor_parallel: 8, expert_parallel: 8, pipeline_parallel: 1}   # the write-ups' block
+    max_model_len: 202752                 # context: prompt + output tokens; null: the model's
+    max_num_batched_tokens: 16384         # tokens computed per step (prefill chunk + decodes), not the context
+    max_num_seqs: 64
+    block_size: 64                        # tokens per KV block
     num_kv_blocks: 2048                   # openglm's pool size (GPU engines size theirs from memory)
     quantization: fp8                     # none | fp8 | int8 | int4 (weight-only)
     dtype: bfloat16
     device: cpu                           # cpu | cuda | cuda:N (openglm's engine on one process; docs/gpu.md)
     session_cache: {enabled: true, ttl_s: 600}   # prefix cache across turns, idle blocks kept ttl_s seconds
     speculative: {method: mtp, num_speculative_tokens: 1}   # GLM's MTP layer (openglm: one process only)
-    tool_call_parser: glm45
+    tool_call_parser: glm47               # default: the family's recipe
     reasoning_parser: glm45
 
-Every key is optional except `model`; an unknown key or a wrong type is an error naming it.
+Every key is optional except `model`; an unknown key or a wrong type is an error naming it. The engine-tuning
+keys (batched tokens, sequences, block size, KV blocks, dtype) left out mean each engine's own default:
+openglm's CPU engine takes OPENGLM_DEFAULTS, a GPU hand-off leaves them to vLLM / SGLang (the dtype: bfloat16,
+the GLM checkpoints' own), so a minimal deploy.yaml never hands CPU settings to a GPU engine.
 """
 
 from __future__ import annotations
@@ -28,11 +33,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
+from openglm.deploy.recipes import RECIPES, gpu_memory_gb
 from openglm.engine.config import DEVICE, EngineConfig
-from openglm.model.parallel import ParallelLayout
+
+if TYPE_CHECKING:
+    from openglm.model.parallel import ParallelLayout
+
+# openglm's own engine, for the engine-tuning keys a deployment leaves out (None)
+OPENGLM_DEFAULTS = {"max_num_batched_tokens": 2048, "max_num_seqs": 32, "block_size": 16, "num_kv_blocks": 2048,
+                    "dtype": "float32"}
 
 
 class DeployConfigError(ValueError):
@@ -63,36 +76,46 @@ class DeployConfig:
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
-    parallel_config: ParallelLayout = field(default_factory=ParallelLayout)
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 32
+    parallel_config: ParallelLayout = field(default_factory=lambda: _layout())
+    max_num_batched_tokens: int | None = None  # None: the engine's own (OPENGLM_DEFAULTS for openglm serve)
+    max_num_seqs: int | None = None
     max_model_len: int | None = None
-    block_size: int = 16
-    num_kv_blocks: int = 2048
+    block_size: int | None = None
+    num_kv_blocks: int | None = None
     quantization: str | None = None
-    dtype: str = "float32"
+    dtype: str | None = None
     device: str = "cpu"
     session_cache: SessionCache = field(default_factory=SessionCache)
     speculative: Speculative | None = None
-    tool_call_parser: str | None = None
+    tool_call_parser: str | None = None  # None: the family's recipe (hand-off only)
     reasoning_parser: str | None = None
     json_whitespace: str = "compact"  # between the JSON tokens of constrained output: none, or any run of it
+    family: str | None = None  # a GLM family of deploy.recipes; None: found from the model
+    gpu: str | None = None  # the GPU the hand-off's layout must fit: H200, B200, ... or "96GB"
 
     def __post_init__(self):
-        for name in ("port", "max_num_batched_tokens", "max_num_seqs", "block_size", "num_kv_blocks"):
+        if not isinstance(self.port, int) or isinstance(self.port, bool) or self.port <= 0:
+            raise DeployConfigError(f"port must be a positive integer, got {self.port!r}")
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size", "num_kv_blocks"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise DeployConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len <= 0):
-            raise DeployConfigError(f"max_model_len must be a positive integer or null, got {self.max_model_len!r}")
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise DeployConfigError(f"{name} must be a positive integer (or left out), got {value!r}")
         if self.quantization not in (None, "none", "fp8", "int8", "int4"):
             raise DeployConfigError(f"quantization must be none, fp8, int8 or int4, got {self.quantization!r}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
+        if self.dtype not in (None, "float32", "bfloat16", "float16"):
             raise DeployConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.json_whitespace not in ("compact", "flexible"):
             raise DeployConfigError(f"json_whitespace must be compact or flexible, got {self.json_whitespace!r}")
         if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):
             raise DeployConfigError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.family is not None and self.family not in RECIPES:
+            raise DeployConfigError(f"family {self.family!r} is not one openglm has a recipe for "
+                                    f"({', '.join(RECIPES)})")
+        if self.gpu is not None:
+            try:
+                gpu_memory_gb(str(self.gpu))
+            except ValueError as e:
+                raise DeployConfigError(str(e)) from None
 
     @property
     def layout(self) -> ParallelLayout:
@@ -101,6 +124,19 @@ class DeployConfig:
     @property
     def name(self) -> str:
         return self.served_model_name or Path(self.model).name
+
+    def own(self, name: str):
+        """A tuning key as openglm's engine runs it: the deployment's value, else OPENGLM_DEFAULTS."""
+        value = getattr(self, name)
+        return OPENGLM_DEFAULTS[name] if value is None else value
+
+
+def _layout(**degrees) -> ParallelLayout:
+    # openglm.model.parallel imports torch: loaded when a deployment is made, so every `openglm` command (the
+    # CLI registers `serve` and `deploy` at start) does not pay for it
+    from openglm.model.parallel import ParallelLayout
+
+    return ParallelLayout.from_dict(degrees)
 
 
 def _nested(cls, key: str, value):
@@ -129,12 +165,14 @@ def parse_deploy_config(data) -> DeployConfig:
         pc = values["parallel_config"]
         if not isinstance(pc, dict):
             raise DeployConfigError("parallel_config must be a mapping, e.g. {tensor_parallel: 4, expert_parallel: 2}")
-        values["parallel_config"] = ParallelLayout.from_dict(pc)
+        values["parallel_config"] = _layout(**pc)
     values["session_cache"] = _nested(SessionCache, "session_cache", values.get("session_cache")) or SessionCache()
     values["speculative"] = _nested(Speculative, "speculative", values.get("speculative"))
     if values.get("quantization") == "none":
         values["quantization"] = None
     values["model"] = str(values["model"])
+    if values.get("gpu") is not None:  # `gpu: 96GB` is a string, but YAML reads a bare number as one
+        values["gpu"] = str(values["gpu"])
     try:
         return DeployConfig(**values)
     except TypeError as e:
@@ -161,10 +199,11 @@ def engine_config(cfg: DeployConfig, world: int = 1) -> EngineConfig:
     """The engine a deployment runs on `world` processes. Tensor-parallel ranks replay the main model's steps
     only, so speculative (MTP) decoding runs on one process alone (`unused_fields` says so)."""
     spec = cfg.speculative.num_speculative_tokens if cfg.speculative is not None and world == 1 else 0
-    return EngineConfig(block_size=cfg.block_size, num_kv_blocks=cfg.num_kv_blocks, max_num_seqs=cfg.max_num_seqs,
-                        max_num_batched_tokens=cfg.max_num_batched_tokens, max_model_len=cfg.max_model_len,
-                        enable_prefix_caching=cfg.session_cache.enabled, session_ttl=cfg.session_cache.ttl_s,
-                        quantization=cfg.quantization, dtype=cfg.dtype, num_speculative_tokens=spec, device=cfg.device)
+    return EngineConfig(block_size=cfg.own("block_size"), num_kv_blocks=cfg.own("num_kv_blocks"),
+                        max_num_seqs=cfg.own("max_num_seqs"), max_num_batched_tokens=cfg.own("max_num_batched_tokens"),
+                        max_model_len=cfg.max_model_len, enable_prefix_caching=cfg.session_cache.enabled,
+                        session_ttl=cfg.session_cache.ttl_s, quantization=cfg.quantization, dtype=cfg.own("dtype"),
+                        num_speculative_tokens=spec, device=cfg.device)
 
 
 def unused_fields(cfg: DeployConfig, world: int = 1) -> list[str]:
@@ -176,4 +215,6 @@ def unused_fields(cfg: DeployConfig, world: int = 1) -> list[str]:
     if cfg.tool_call_parser or cfg.reasoning_parser:
         notes.append("tool_call_parser / reasoning_parser name the vLLM/SGLang parsers; openglm serve renders "
                      "GLM tool calls and reasoning with its own chat template")
+    if cfg.family or cfg.gpu:
+        notes.append("family / gpu describe the GPU hand-off (openglm deploy); openglm serve does not use them")
     return notes

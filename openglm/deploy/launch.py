@@ -67,7 +67,8 @@ def serve(cfg: DeployConfig, api_key: str | None, limits: ServerLimits, public_m
     app = create_app(built, cfg.name, api_key=api_key, public_metrics=public_metrics, limits=limits,
                      json_whitespace=cfg.json_whitespace)
     print(f"openglm serve: {cfg.name} on http://{cfg.host}:{cfg.port} (layout {cfg.layout}, {ranks} rank(s); "
-          f"{cfg.num_kv_blocks} KV blocks x {cfg.block_size} tokens, max_model_len {built.max_model_len})", flush=True)
+          f"{cfg.own('num_kv_blocks')} KV blocks x {cfg.own('block_size')} tokens, max_model_len "
+          f"{built.max_model_len})", flush=True)
     try:
         uvicorn.Server(uvicorn_config(app, cfg.host, cfg.port, limits, log_level)).run()
     finally:

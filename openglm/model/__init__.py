@@ -1,5 +1,6 @@
-"""openglm.model: GLM-5 (`glm_moe_dsa`) with MLA, DeepSeek Sparse Attention and MoE; GLM-4.x (`glm4_moe`) and
-GLM-4.7-Flash (`glm4_moe_lite`), one folder per family (`glm5/`, `glm4/`, `glm4_lite/`; see family.py).
+"""openglm.model: GLM-5 (`glm_moe_dsa`) with MLA, DeepSeek Sparse Attention and MoE; GLM-4.x (`glm4_moe`),
+GLM-4.7-Flash (`glm4_moe_lite`) and GLM-5.3-Flash (`glm5_next`), one folder per family (`glm5/`, `glm4/`,
+`glm4_lite/`, `glm5_next/`; see family.py). `build_model(cfg)` builds the causal LM of cfg's family.
 
     from openglm.model import ModelConfig, GlmMoeDsaForCausalLM, load_model, DynamicCache
     model = GlmMoeDsaForCausalLM(ModelConfig.from_preset("tiny"))
@@ -17,6 +18,8 @@ _EXPORTS = {
     "save_pretrained": "openglm.model.checkpoint",
     "ModelConfig": "openglm.model.config",
     "CausalLMOutput": "openglm.model.model",
+    "build_model": "openglm.model.model",
+    "Glm5NextForCausalLM": "openglm.model.glm5_next.model",
     "GlmMoeDsaForCausalLM": "openglm.model.model",
     "MoEStats": "openglm.model.model",
     "PRESETS": "openglm.model.presets",

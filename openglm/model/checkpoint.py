@@ -27,12 +27,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from openglm.model import fp8, int4
-from openglm.model.hf_names import GLM_MOE, extra_layer, hf_name
-from openglm.model.config import FP32_TENSORS, ModelConfig
+from openglm.model.config import FP32_TENSORS, KEEP_FP32, ModelConfig
 from openglm.model.errors import (CheckpointError, CheckpointPathError, CheckpointTooLargeError, ConfigError,
                                   CorruptShardError, MissingShardError, MissingTensorError, NonFiniteTensorError,
                                   TensorDTypeError, UnexpectedTensorError)
-from openglm.model.model import GlmMoeDsaForCausalLM
+from openglm.model.families import family_of
+from openglm.model.hf_names import HFNames, extra_layer, hf_name
+from openglm.model.model import GlmMoeDsaForCausalLM, build_model
 from openglm.model.quantized import QuantizedWeight
 from openglm.model.rope import RotaryEmbedding
 from openglm.util.files import replace_dir, restore_replaced_dir
@@ -70,9 +71,17 @@ def save_pretrained(model: GlmMoeDsaForCausalLM, path, max_shard_size: int = 2 <
     format of the -FP8 releases, which vLLM and SGLang serve) or an int4 one (`int4.py`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = _hf_state_dict(model)
+    names = family_of(model.config.model_type).hf_names
+    tensors = _hf_state_dict(model, names)
+    kept = getattr(model, "vision_extra", {})
     if quantization is not None:
+        skip = quantization.modules_to_not_convert
+        extra = list(names.fp8_not_convert) + _kept_not_convert(model, kept, names)
+        skip = skip + [m for m in extra if m not in skip]
+        quantization = (int4.Int4Config(quantization.group, skip) if isinstance(quantization, int4.Int4Config)
+                        else fp8.Fp8Config(quantization.block, skip))
         tensors = _quantized(tensors, quantization)
+    tensors.update(kept)  # as loaded: the same bytes go back
     shards = _split(tensors, max_shard_size)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
@@ -95,7 +104,7 @@ def save_pretrained(model: GlmMoeDsaForCausalLM, path, max_shard_size: int = 2 <
         raise
 
 
-def _hf_state_dict(model) -> dict[str, torch.Tensor]:
+def _hf_state_dict(model, names: HFNames) -> dict[str, torch.Tensor]:
     out = {}
     n = model.config.num_hidden_layers
     tensors = dict(model.state_dict())  # quantised weights are buffers outside it: written dequantised
@@ -103,12 +112,22 @@ def _hf_state_dict(model) -> dict[str, torch.Tensor]:
     for name, t in tensors.items():
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
-        for disk_name, piece in GLM_MOE.to_hf(hf_name(name, n), t.detach()):
+        for disk_name, piece in names.to_hf(hf_name(name, n), t.detach()):
             # Expert slices share storage with the stacked tensor; safetensors wants separate storage.
-            out[disk_name] = piece.contiguous() if piece is t else piece.clone()
+            out[names.disk(disk_name)] = piece.contiguous() if piece is t else piece.clone()
     for disk_name, t in getattr(model, "mtp_extra", {}).items():
         out[disk_name] = t.detach().contiguous()
     return out
+
+
+def _kept_not_convert(model, kept: dict[str, torch.Tensor], names: HFNames) -> list[str]:
+    """What an FP8 config.json says of the tensors kept as stored (a vision tower): unquantised ones are not
+    converted at all; FP8 ones (from an FP8 source) keep the source's word on them."""
+    if not kept:
+        return []
+    if not any(name.endswith(fp8.SCALE_SUFFIX) for name in kept):
+        return list(names.kept)
+    return list(getattr(model, "kept_not_convert", []))
 
 
 def _quantized(tensors: dict[str, torch.Tensor], q: fp8.Fp8Config | int4.Int4Config) -> dict[str, torch.Tensor]:
@@ -309,8 +328,8 @@ def checkpoint_dtype(tensors: dict[str, TensorInfo], declared: str | None,
 
 def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu",
                max_memory: int | None = None) -> GlmMoeDsaForCausalLM:
-    """Load a Hugging Face checkpoint directory (glm_moe_dsa, glm4_moe, glm4_moe_lite; bf16/fp16/fp32 or FP8
-    block-quantised) into GlmMoeDsaForCausalLM (eval mode). `dtype`: the weights' dtype (default: the
+    """Load a Hugging Face checkpoint directory (glm_moe_dsa, glm4_moe, glm4_moe_lite, glm5_next; bf16/fp16/fp32 or
+    FP8 block-quantised) into GlmMoeDsaForCausalLM (or its family's subclass; eval mode). `dtype`: the weights' dtype (default: the
     checkpoint's). Every bad input raises a ModelError subclass naming the key, tensor or file."""
     raw = read_config_json(path)
     cfg = read_config(path, raw)
@@ -321,14 +340,16 @@ def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu"
         dtype = DTYPES[dtype]
     files = shard_files(path)
     tensors = read_headers(files)
+    names = family_of(cfg.model_type).hf_names.reading(tensors)
     declared = raw.get("dtype", raw.get("torch_dtype"))
     if declared is not None and not isinstance(declared, str):
         raise ConfigError(f"config.json dtype={declared!r} must be a string")
-    stored = checkpoint_dtype(tensors, declared, quant)  # the dtype rules hold whatever dtype is asked for
+    # The dtype rules hold whatever dtype is asked for (tensors kept as stored are not the model's: not checked).
+    stored = checkpoint_dtype({k: t for k, t in tensors.items() if not names.is_kept(k)}, declared, quant)
     target = dtype or stored
     _check_memory(Path(path), tensors, target, max_memory)
     n, nextn = cfg.num_hidden_layers, cfg.num_nextn_predict_layers
-    mtp_found = {extra_layer(k, n, nextn) for k in tensors} - {None}
+    mtp_found = {extra_layer(names.from_disk(k), n, nextn) for k in tensors if not names.is_kept(k)} - {None}
     if not mtp_found:  # a checkpoint without its next-n layers (transformers drops them): a model without them
         cfg = cfg.replace(num_nextn_predict_layers=0)
     with ExitStack() as stack:
@@ -339,7 +360,7 @@ def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu"
             except (SafetensorError, OSError) as e:
                 raise CorruptShardError(f"{f}: cannot open ({e})") from None
             handles.update({k: (h, f) for k in h.keys()})
-        model, used = _fill(cfg, path, handles, quant, target, device)
+        model, used = _fill(cfg, path, handles, quant, target, device, names)
         if isinstance(quant, int4.Int4Config):
             model._quantization = "int4"
         extra = [k for k in handles if k not in used]
@@ -347,11 +368,12 @@ def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu"
             raise UnexpectedTensorError(f"checkpoint {path} has tensor(s) the config does not use: {extra[:5]}")
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.model.rotary_emb = RotaryEmbedding(cfg).to(device)  # non-persistent buffer: rebuild off meta
+    if hasattr(model.model, "rotary_emb"):
+        model.model.rotary_emb = RotaryEmbedding(cfg).to(device)  # non-persistent buffer: rebuild off meta
     return model.eval()
 
 
-def _fill(cfg, path, handles, quant, target, device):
+def _fill(cfg, path, handles, quant, target, device, names: HFNames):
     """Build the model on meta and assign every tensor from the checkpoint; returns (model, names used)."""
 
     is_int4 = isinstance(quant, int4.Int4Config)
@@ -373,27 +395,38 @@ def _fill(cfg, path, handles, quant, target, device):
         return t
 
     with torch.device("meta"):
-        model = GlmMoeDsaForCausalLM(cfg)
+        model = build_model(cfg)
     state, quantized, used = {}, {}, set()
     for name, p in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         try:
-            t, names = GLM_MOE.load_native(hf_name(name, cfg.num_hidden_layers), p.shape, get, handles.__contains__)
+            t, read = names.load_native(hf_name(name, cfg.num_hidden_layers), p.shape, lambda k: get(names.disk(k)),
+                                        lambda k: names.disk(k) in handles)
         except KeyError as e:
-            raise MissingTensorError(f"checkpoint {path} lacks tensor {e.args[0]!r}") from None
-        used.update(names)
-        used.update(k + s for k in names for s in (fp8.SCALE_SUFFIX, int4.SCALE_SUFFIX) if k + s in handles)
+            raise MissingTensorError(f"checkpoint {path} lacks tensor {names.disk(e.args[0])!r}") from None
+        read = [names.disk(k) for k in read]
+        used.update(read)
+        used.update(k + s for k in read for s in (fp8.SCALE_SUFFIX, int4.SCALE_SUFFIX) if k + s in handles)
         if isinstance(t, QuantizedWeight):  # int4, read in place by the kernels: held as it is stored
             quantized[name] = t
             continue
-        keep_fp32 = name.endswith("e_score_correction_bias")
+        keep_fp32 = name.endswith(KEEP_FP32)
         state[name] = t.to(device=device, dtype=torch.float32 if keep_fp32 else target)
     for k in handles:
-        i = extra_layer(k, cfg.num_hidden_layers, cfg.num_nextn_predict_layers)
-        if i is not None and k.endswith(GLM_MOE.nextn_copies) and k not in used:
+        if names.is_kept(k):  # as stored: no dequantisation, no cast, written back byte for byte
+            try:
+                model.vision_extra[k] = handles[k][0].get_tensor(k)
+            except SafetensorError as e:
+                raise CorruptShardError(f"{handles[k][1]}: cannot read tensor {k!r} ({e})") from None
+            used.add(k)
+            continue
+        i = extra_layer(names.from_disk(k), cfg.num_hidden_layers, cfg.num_nextn_predict_layers)
+        if i is not None and k.endswith(names.nextn_copies) and k not in used:
             model.mtp_extra[k] = get(k).to(device=device, dtype=target)
             used.update([k, k + fp8.SCALE_SUFFIX])
+    if quant is not None and names.kept:  # what the source said of the tensors kept as stored, for an FP8 save
+        model.kept_not_convert = [m for m in quant.modules_to_not_convert if names.is_kept(m)]
     for name, t in quantized.items():  # buffers under the parameters' names, as engine/quant.py holds them
         module, _, attr = name.rpartition(".")
         owner = model.get_submodule(module)

@@ -10,7 +10,8 @@ def register(subparsers):
     p = subparsers.add_parser("info", help="parameter counts and weight memory of a model preset or checkpoint")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", default="small",
-                     help="preset name: tiny, small, glm-5, glm-4.5, glm-4.5-air, glm-4.6, glm-4.7, glm-4.7-flash, ... "
+                     help="preset name: tiny, small, glm-5, glm-4.5, glm-4.5-air, glm-4.6, glm-4.7, glm-4.7-flash, "
+                          "glm-5.3-flash, ... "
                           "(default: small)")
     src.add_argument("--checkpoint", help="a Hugging Face checkpoint directory (reads its config.json only)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",

@@ -1,9 +1,13 @@
 """ModelConfig: the GLM family's shapes plus openglm's routing/attention options.
 
-One config, three Hugging Face model types that differ only by configuration:
+One config, four Hugging Face model types that differ only by configuration:
 - `glm_moe_dsa` (GLM-5): MLA + DeepSeek Sparse Attention + MoE;
 - `glm4_moe_lite` (GLM-4.7-Flash): MLA + MoE, no indexer (every layer's attention kind is "dense");
-- `glm4_moe` (GLM-4.5/4.5-Air/4.6/4.7): GQA attention (`head_dim`, partial RoPE, optional QK-norm) + MoE.
+- `glm4_moe` (GLM-4.5/4.5-Air/4.6/4.7): GQA attention (`head_dim`, partial RoPE, optional QK-norm) + MoE;
+- `glm5_next` (GLM-5.3-Flash): per `layer_types`, Kimi-delta linear attention ("linear_attention") or NoPE MLA
+  with a pooled-key DSA indexer ("indexed_attention"); hyper-connections (`hc_*`) around every block, a
+  SwiGLU clamp (`swiglu_limit`). Its config.json nests the text fields under `text_config` (and the
+  linear-attention ones, as transformers also reads them, under `linear_attn_config`).
 Field names follow transformers' configs so a Hugging Face config.json maps 1:1; options transformers
 does not know are saved under the `openglm` key of config.json. `to_hf_dict` also writes the keys vLLM and
 SGLang read (see `engine_keys`), with values that make them compute what openglm computes.
@@ -20,14 +24,29 @@ from openglm.model.presets import PRESETS, TRANSFORMERS_DEFAULTS
 
 MODEL_TYPE = "glm_moe_dsa"
 ARCHITECTURES = {"glm_moe_dsa": "GlmMoeDsaForCausalLM", "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
-                 "glm4_moe": "Glm4MoeForCausalLM"}
-MLA_TYPES = ("glm_moe_dsa", "glm4_moe_lite")
+                 "glm4_moe": "Glm4MoeForCausalLM", "glm5_next": "Glm5NextForConditionalGeneration"}
+MLA_TYPES = ("glm_moe_dsa", "glm4_moe_lite", "glm5_next")
+DSA_TYPES = ("glm_moe_dsa", "glm5_next")
 # Fields only some model types have (everything else is common to all three).
 MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "qk_nope_head_dim")
 DSA_FIELDS = ("index_topk", "index_head_dim", "index_n_heads", "indexer_types")
 GQA_FIELDS = ("head_dim", "use_qk_norm")
+GLM5_NEXT_FIELDS = ("layer_types", "linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim",
+                    "linear_lower_bound", "hc_mult", "hc_eps", "hc_sinkhorn_iters", "index_kpool",
+                    "index_kpool_always_select_tail", "swiglu_limit")
+# The multimodal config's own keys (top level of a glm5_next config.json, beside text_config): kept and written back.
+MULTIMODAL_FIELDS = ("vision_config", "image_token_id", "video_token_id", "image_start_token_id", "image_end_token_id",
+                     "video_start_token_id", "video_end_token_id")
+LAYER_TYPES = ("linear_attention", "indexed_attention")
+# Older names of the two layer kinds that transformers also accepts (and maps to these).
+LAYER_TYPE_ALIASES = {"deepseek_sparse_attention": "indexed_attention", "full_attention": "indexed_attention",
+                      "attention": "indexed_attention", "mamba": "linear_attention"}
 # Tensors the model keeps in fp32 whatever its dtype (so a bf16 checkpoint may hold them in fp32).
-FP32_TENSORS = ("e_score_correction_bias", "indexer.weights_proj.weight")
+FP32_TENSORS = ("e_score_correction_bias", "indexer.weights_proj.weight", "conv1d.weight", "dt_bias", "A_log",
+                "hc_attn_base", "hc_attn_scale", "hc_ffn_base", "hc_ffn_scale")
+# ... and that it loads into fp32 (the others take the requested dtype).
+KEEP_FP32 = ("e_score_correction_bias", "conv1d.weight", "dt_bias", "A_log", "hc_attn_base", "hc_attn_scale",
+             "hc_ffn_base", "hc_ffn_scale")
 ATTENTION_KINDS = ("dsa", "dense", "local_global_random", "sliding_window")
 ACTIVATIONS = ("silu", "gelu", "relu")
 ROUTERS = ("sigmoid", "softmax")
@@ -81,6 +100,25 @@ class ModelConfig:
     head_dim: int | None = None  # glm4_moe: per-head width (None: hidden_size // num_attention_heads)
     use_qk_norm: bool = False  # glm4_moe: RMSNorm on each query/key head before RoPE
     num_nextn_predict_layers: int = 0  # MTP layers stored after the decoder layers (trained with the MTP loss, drafts for speculative decoding)
+    # ---- glm5_next (GLM-5.3-Flash); defaults are transformers' Glm5NextTextConfig's ----
+    layer_types: list[str] | None = None  # "linear_attention" (KDA) | "indexed_attention" (MLA + DSA) per layer
+    linear_num_heads: int = 64  # KDA heads
+    linear_head_dim: int = 128  # KDA key/value width per head (its state is head_dim x head_dim)
+    linear_conv_kernel_dim: int = 4  # KDA's causal depthwise conv over q, k, v
+    linear_lower_bound: float | None = -5.0  # KDA forget gate in (lower_bound, 0) per step; None: -exp(A) softplus
+    hc_mult: int = 4  # hyper-connection residual streams
+    hc_eps: float = 1e-6
+    hc_sinkhorn_iters: int = 20
+    index_kpool: int = 16  # the DSA indexer scores groups of this many consecutive keys
+    index_kpool_always_select_tail: bool = True  # ... and always keeps the keys of the current incomplete group
+    swiglu_limit: float | None = None  # clamp of the SwiGLU gate (above) and up (both sides) projections
+    vision_config: dict | None = None  # the vision tower's config (its weights are kept, not run)
+    image_token_id: int | None = None
+    video_token_id: int | None = None
+    image_start_token_id: int | None = None
+    image_end_token_id: int | None = None
+    video_start_token_id: int | None = None
+    video_end_token_id: int | None = None
     # ---- openglm options ----
     attention_kinds: list[str] | None = None  # per layer, see ATTENTION_KINDS; default all "dsa"
     sliding_window: int = 4096
@@ -107,7 +145,13 @@ class ModelConfig:
         if self.indexer_types is None:
             self.indexer_types = ["full"] * n
         if self.attention_kinds is None:
-            self.attention_kinds = ["dsa" if self.model_type == "glm_moe_dsa" else "dense"] * n
+            self.attention_kinds = ["dsa" if self.model_type in DSA_TYPES else "dense"] * n
+        if self.model_type == "glm5_next":
+            if self.layer_types is None:  # transformers' default: every fourth layer attends with DSA
+                self.layer_types = ["indexed_attention" if i % 4 == 3 else "linear_attention" for i in range(n)]
+            self.layer_types = [LAYER_TYPE_ALIASES.get(t, t) for t in self.layer_types]
+            if self.swiglu_limit is None:  # transformers' Glm5NextTextConfig always clamps (default 10)
+                self.swiglu_limit = 10.0
         self.rope_parameters = dict(self.rope_parameters or {})
         self.rope_parameters.setdefault("rope_type", "default")
         self.rope_parameters.setdefault("rope_theta", 10000.0)
@@ -128,6 +172,14 @@ class ModelConfig:
     def is_mla(self) -> bool:
         return self.model_type in MLA_TYPES
 
+    def is_linear(self, i: int) -> bool:
+        """Whether layer i is a KDA linear-attention layer (glm5_next)."""
+        return self.layer_types is not None and self.layer_types[i] == "linear_attention"
+
+    def is_dsa(self, i: int) -> bool:
+        """Whether layer i attends with DSA: an attention layer of kind 'dsa'."""
+        return self.attention_kinds[i] == "dsa" and not self.is_linear(i)
+
     @property
     def gqa_head_dim(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
@@ -144,9 +196,10 @@ class ModelConfig:
         """This config with the next-n layers appended as ordinary layers (full indexer, MoE MLP), which is
         how a next-n layer's decoder block is built."""
         k = self.num_nextn_predict_layers
-        kind = "dsa" if self.model_type == "glm_moe_dsa" else "dense"
+        kind = "dsa" if self.model_type in DSA_TYPES else "dense"
+        layer_types = None if self.layer_types is None else self.layer_types + ["indexed_attention"] * k
         return self.replace(num_hidden_layers=self.num_hidden_layers + k, num_nextn_predict_layers=0,
-                            attention_kinds=self.attention_kinds + [kind] * k,
+                            layer_types=layer_types, attention_kinds=self.attention_kinds + [kind] * k,
                             indexer_types=self.indexer_types + ["full"] * k,
                             mlp_layer_types=self.mlp_layer_types + ["sparse" if self.n_routed_experts else "dense"] * k)
 
@@ -162,14 +215,20 @@ class ModelConfig:
         _check_values("mlp_layer_types", self.mlp_layer_types, ("dense", "sparse"))
         _check_values("indexer_types", self.indexer_types, ("full", "shared"))
         _check_values("attention_kinds", self.attention_kinds, ATTENTION_KINDS)
-        for i, (kind, itype) in enumerate(zip(self.attention_kinds, self.indexer_types)):
-            if kind == "dsa" and itype == "shared" and not _has_full_before(self, i):
+        if self.model_type == "glm5_next":
+            _check_glm5_next(self)
+        else:
+            for name in ("layer_types", "swiglu_limit"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(f"{name}: model_type {self.model_type!r} has no such option (glm5_next has)")
+        for i, itype in enumerate(self.indexer_types):
+            if self.is_dsa(i) and itype == "shared" and not _has_full_before(self, i):
                 raise ConfigError(f"indexer_types[{i}] is 'shared' but no earlier DSA layer runs a 'full' indexer")
         if self.is_mla and self.num_key_value_heads != self.num_attention_heads:
             raise ConfigError(
                 f"num_key_value_heads={self.num_key_value_heads} must equal num_attention_heads="
                 f"{self.num_attention_heads}: MLA expands one latent into every head")
-        if self.model_type != "glm_moe_dsa" and "dsa" in self.attention_kinds:
+        if self.model_type not in DSA_TYPES and "dsa" in self.attention_kinds:
             raise ConfigError(f"attention_kinds: model_type {self.model_type!r} has no DSA indexer, so no layer "
                               "can be 'dsa'")
         if self.model_type == "glm4_moe":
@@ -200,7 +259,7 @@ class ModelConfig:
             raise ConfigError(f"index_head_dim={self.index_head_dim} < qk_rope_head_dim={self.qk_rope_head_dim}")
         if self.qk_rope_head_dim % 2:
             raise ConfigError(f"qk_rope_head_dim={self.qk_rope_head_dim} must be even (RoPE rotates pairs)")
-        if self.index_head_dim % 2:
+        if self.index_head_dim % 2 and self.model_type == "glm_moe_dsa":
             raise ConfigError(f"index_head_dim={self.index_head_dim} must be even (the indexer head is rotated "
                               "as pairs: its rope slice by RoPE, the rest by 1)")
         if self.capacity_factor is not None and self.capacity_factor <= 0:
@@ -233,7 +292,9 @@ class ModelConfig:
     def to_hf_dict(self) -> dict:
         """config.json content: the keys transformers' config class of `model_type` reads, the keys vLLM's
         and SGLang's model code read (`engine_keys`), and openglm's options under 'openglm'."""
-        skip = set(OPENGLM_OPTIONS) | {"model_type"}
+        if self.model_type == "glm5_next":
+            return _glm5_next_hf_dict(self)
+        skip = set(OPENGLM_OPTIONS) | {"model_type"} | set(GLM5_NEXT_FIELDS) | set(MULTIMODAL_FIELDS)
         if self.model_type == "glm4_moe":
             skip |= set(MLA_FIELDS) | set(DSA_FIELDS) | {"mlp_layer_types"}
         else:
@@ -255,11 +316,17 @@ class ModelConfig:
         if model_type not in ARCHITECTURES:
             raise UnknownModelTypeError(f"model_type={model_type!r} is not supported "
                                         f"(supported: {', '.join(ARCHITECTURES)})")
+        top, d = d, _text_config(d) if model_type == "glm5_next" else d
         _check_engine_keys(d)
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} - set(MULTIMODAL_FIELDS)
+        if model_type == "glm5_next":  # its head_dim is transformers' RoPE width (0), not a GQA head's
+            names -= set(GQA_FIELDS)
+        else:  # e.g. GlmMoeDsaConfig writes layer_types (every layer attention): nothing these types choose
+            names -= set(GLM5_NEXT_FIELDS)
         # Keys the file leaves out take the defaults of transformers' config class for this model type.
         values = {k: _copy(v) for k, v in TRANSFORMERS_DEFAULTS[model_type].items()}
         values.update({k: _copy(v) for k, v in d.items() if k in names and k not in OPENGLM_OPTIONS})
+        values["model_type"] = model_type  # a glm5_next text_config says glm5_next_text
         for alias, name in (("num_experts", "n_routed_experts"), ("num_local_experts", "n_routed_experts"),
                             ("num_mtp_layers", "num_nextn_predict_layers")):
             if d.get(alias) is not None:
@@ -272,9 +339,11 @@ class ModelConfig:
                 ["dense"] * min(k, n) + ["sparse"] * max(n - k, 0)
         elif model_type == "glm4_moe_lite" and d.get("mlp_layer_types") is None and isinstance(n, int):
             values["mlp_layer_types"] = ["dense"] + ["sparse"] * (n - 1)  # transformers' default for the lite model
-        if model_type == "glm_moe_dsa" and d.get("indexer_types") is None and isinstance(n, int):
+        if model_type in DSA_TYPES and d.get("indexer_types") is None and isinstance(n, int):
             values["indexer_types"] = _indexer_types_from_hf(d, n)
-        extra = d.get("openglm") or {}
+        if model_type == "glm5_next":
+            values.update(_glm5_next_from_hf(top, d, n))
+        extra = top.get("openglm") or {}
         if not isinstance(extra, dict):
             raise ConfigError(f"'openglm' in config must be an object, got {type(extra).__name__}")
         unknown = set(extra) - set(OPENGLM_OPTIONS)
@@ -295,6 +364,10 @@ class ModelConfig:
 
 def engine_keys(cfg: ModelConfig) -> dict:
     """The extra config.json keys vLLM/SGLang read, with the values that make them compute what openglm does."""
+    if cfg.model_type == "glm5_next":  # NoPE, no RoPE keys; the published config also carries linear_attn_config
+        return {"topk_method": "noaux_tc" if cfg.router == "sigmoid" else "greedy", "scoring_func": cfg.router,
+                "num_nextn_predict_layers": cfg.num_nextn_predict_layers, "first_k_dense_replace": _leading_dense(cfg),
+                "linear_attn_config": linear_attn_config(cfg)}
     out = {"topk_method": "noaux_tc" if cfg.router == "sigmoid" else "greedy",
            "scoring_func": cfg.router, "num_nextn_predict_layers": cfg.num_nextn_predict_layers,
            "moe_layer_freq": 1, "rope_theta": cfg.rope_parameters["rope_theta"],
@@ -323,7 +396,7 @@ def export_warnings(cfg: ModelConfig) -> list[str]:
     if "dense" in cfg.mlp_layer_types[k:]:
         out.append(f"mlp_layer_types {cfg.mlp_layer_types} is not dense layers then MoE layers (the engines choose "
                    "MoE layers by first_k_dense_replace)")
-    expected = "dsa" if cfg.model_type == "glm_moe_dsa" else "dense"
+    expected = "dsa" if cfg.model_type in DSA_TYPES else "dense"
     if any(kind != expected for kind in cfg.attention_kinds):
         out.append(f"attention_kinds {sorted(set(cfg.attention_kinds))}: the engines run every layer as '{expected}'")
     if cfg.router != "sigmoid":
@@ -378,14 +451,18 @@ def _check_ranges(cfg: ModelConfig) -> None:
                 "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "num_experts_per_tok",
                 "n_routed_experts", "moe_intermediate_size", "n_group", "topk_group", "routed_scaling_factor"]
     if cfg.is_mla:
-        positive += ["kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim"]
-    if cfg.model_type == "glm_moe_dsa":
+        positive += ["kv_lora_rank", "q_lora_rank", "v_head_dim"]
+        positive.append("qk_nope_head_dim" if cfg.model_type == "glm5_next" else "qk_rope_head_dim")  # NoPE: rope 0
+    if cfg.model_type in DSA_TYPES:
         positive += ["index_topk", "index_n_heads", "index_head_dim"]
+    if cfg.model_type == "glm5_next":
+        positive += ["linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim", "hc_mult", "hc_sinkhorn_iters",
+                     "index_kpool"]
     for name in positive:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name}={getattr(cfg, name)} must be > 0")
     for name in ("n_shared_experts", "first_k_dense_replace", "num_nextn_predict_layers", "initializer_range",
-                 "qk_nope_head_dim", "sliding_window", "lgr_local_window", "lgr_global_stride", "lgr_random"):
+                 "qk_nope_head_dim", "sliding_window", "lgr_local_window", "lgr_global_stride", "lgr_random", "hc_eps"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 0")
     theta = cfg.rope_parameters.get("rope_theta")
@@ -417,7 +494,84 @@ def _check_values(name, values, allowed):
 
 
 def _has_full_before(cfg, i):
-    return any(cfg.attention_kinds[j] == "dsa" and cfg.indexer_types[j] == "full" for j in range(i))
+    return any(cfg.is_dsa(j) and cfg.indexer_types[j] == "full" for j in range(i))
+
+
+# ---- glm5_next ------------------------------------------------------------------------------------
+
+
+def _check_glm5_next(cfg: ModelConfig) -> None:
+    n = cfg.num_hidden_layers
+    if len(cfg.layer_types) != n:
+        raise ConfigError(f"layer_types has {len(cfg.layer_types)} entries, num_hidden_layers is {n}")
+    _check_values("layer_types", cfg.layer_types, LAYER_TYPES)
+    if cfg.qk_rope_head_dim != 0:
+        raise ConfigError(f"qk_rope_head_dim={cfg.qk_rope_head_dim}: glm5_next's attention has no RoPE (must be 0)")
+    if cfg.index_topk % cfg.index_kpool:
+        raise ConfigError(f"index_topk={cfg.index_topk} is not a multiple of index_kpool={cfg.index_kpool} (the "
+                          "indexer keeps index_topk / index_kpool key groups)")
+    if not cfg.swiglu_limit > 0:
+        raise ConfigError(f"swiglu_limit={cfg.swiglu_limit!r} must be > 0 (glm5_next clamps its SwiGLUs)")
+    if cfg.linear_lower_bound is not None and cfg.linear_lower_bound >= 0:
+        raise ConfigError(f"linear_lower_bound={cfg.linear_lower_bound} must be < 0 (a forget gate in (bound, 0)) "
+                          "or null")
+
+
+def linear_attn_config(cfg: ModelConfig) -> dict:
+    """The `linear_attn_config` block of a glm5_next config.json (as the published config carries it)."""
+    out = {"num_heads": cfg.linear_num_heads, "head_dim": cfg.linear_head_dim,
+           "short_conv_kernel_size": cfg.linear_conv_kernel_dim, "gate_lower_bound": cfg.linear_lower_bound,
+           "kda_layers": [i for i in range(cfg.num_hidden_layers) if cfg.is_linear(i)],
+           "full_attn_layers": [i for i in range(cfg.num_hidden_layers) if not cfg.is_linear(i)]}
+    if cfg.linear_lower_bound is None:  # transformers reads a null bound as -5 unless safe_gate is false
+        out["safe_gate"] = False
+    return out
+
+
+def _glm5_next_hf_dict(cfg: ModelConfig) -> dict:
+    """A glm5_next config.json: the multimodal keys at the top, the text model's under text_config."""
+    skip = (set(OPENGLM_OPTIONS) | set(MULTIMODAL_FIELDS) | set(GQA_FIELDS)
+            | {"model_type", "rope_parameters", "first_k_dense_replace", "tie_word_embeddings"})
+    text = {f.name: _copy(getattr(cfg, f.name)) for f in fields(cfg) if f.name not in skip}
+    text.update(engine_keys(cfg), model_type="glm5_next_text")
+    out = {"architectures": [ARCHITECTURES["glm5_next"]], "model_type": "glm5_next", "text_config": text,
+           "tie_word_embeddings": cfg.tie_word_embeddings}
+    out.update({name: _copy(getattr(cfg, name)) for name in MULTIMODAL_FIELDS if getattr(cfg, name) is not None})
+    out["openglm"] = {name: _copy(getattr(cfg, name)) for name in OPENGLM_OPTIONS}
+    return out
+
+
+def _text_config(d: dict) -> dict:
+    """A glm5_next config.json's text fields: its text_config, or (a flat, text-only file) the file itself."""
+    text = d.get("text_config")
+    if text is None:
+        return d
+    if not isinstance(text, dict):
+        raise ConfigError(f"text_config must be an object, got {type(text).__name__}")
+    return text
+
+
+def _glm5_next_from_hf(top: dict, text: dict, n) -> dict:
+    """The glm5_next values transformers derives rather than reads: linear_attn_config's entries, the default MLP
+    schedule, the top-level multimodal keys."""
+    out = {}
+    lin = text.get("linear_attn_config")
+    if lin is not None:
+        if not isinstance(lin, dict):
+            raise ConfigError(f"linear_attn_config must be an object, got {type(lin).__name__}")
+        for key, name in (("head_dim", "linear_head_dim"), ("num_heads", "linear_num_heads"),
+                          ("short_conv_kernel_size", "linear_conv_kernel_dim"),
+                          ("gate_lower_bound", "linear_lower_bound")):
+            if key in lin:
+                out[name] = lin[key]
+        if lin.get("safe_gate", True) and out.get("linear_lower_bound", text.get("linear_lower_bound", -5.0)) is None:
+            out["linear_lower_bound"] = -5.0
+    if text.get("mlp_layer_types") is None and isinstance(n, int):
+        out["mlp_layer_types"] = ["dense"] * min(3, n) + ["sparse"] * max(n - 3, 0)
+    if "tie_word_embeddings" in top:
+        out["tie_word_embeddings"] = top["tie_word_embeddings"]
+    out.update({name: _copy(top[name]) for name in MULTIMODAL_FIELDS if name in top})
+    return out
 
 
 def _copy(v):

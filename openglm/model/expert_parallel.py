@@ -33,7 +33,7 @@ def _local_copy(full: Experts, lo: int, hi: int, into: nn.Module) -> None:
     """Give `into` the stacked weights of experts [lo, hi) of `full` (copies: the full set is freed)."""
     into.gate_up_proj = nn.Parameter(full.gate_up_proj.detach()[lo:hi].clone())
     into.down_proj = nn.Parameter(full.down_proj.detach()[lo:hi].clone())
-    into.act = full.act
+    into.act, into.limit = full.act, full.limit
 
 
 class AllToAllExperts(Experts):

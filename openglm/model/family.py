@@ -2,12 +2,14 @@
 
 The decoder (`model.py`: embeddings, decoder layers, MoE, norms, LM head, next-n layers), the config, the cache and
 the checkpoint IO are shared by every family. A family brings its attention module, the names its checkpoints give
-the parameters, and optionally a native decode step. Each lives in its own folder and declares one `FAMILY` there
+the parameters, optionally a native decode step, and (GLM-5.3-Flash, whose layers differ more) its own subclass of
+the decoder. Each lives in its own folder and declares one `FAMILY` there
 (`glm5/`, `glm4/`, `glm4_lite/`); `families.py` lists them by Hugging Face model_type.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from openglm.model.hf_names import HFNames
@@ -21,3 +23,6 @@ class Family:
     # A class whose create(layers, cache, input_ids, attention_mask, dtype) gives a plan that runs a decode step's
     # layers natively, or None when it cannot (fast.choose asks for one); None: the family has none.
     decode_step: type | None = None
+    # A function returning the family's subclass of model.GlmMoeDsaForCausalLM (imported when first asked for: the
+    # decoder module imports this table); None: GlmMoeDsaForCausalLM itself.
+    causal_lm: Callable[[], type] | None = None

@@ -78,7 +78,7 @@ class Reference:
 
     def mlp(self, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """A SwiGLU MLP (`moe.MLP`): down(act(gate(x)) * up(x))."""
-        return mlp.down_proj(mlp.act(mlp.gate_proj(x)) * mlp.up_proj(x))
+        return mlp.down_proj(swiglu(mlp, mlp.gate_proj(x), mlp.up_proj(x)))
 
     def experts(self, experts: nn.Module, xs: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """One SwiGLU per routed expert (`moe.Experts`) over its slice of the expert-sorted rows xs (counts[e] rows
@@ -88,7 +88,7 @@ class Reference:
         for e, n in enumerate(counts):
             if n:
                 gate, up = F.linear(xs[start:start + n], experts.gate_up_proj[e]).chunk(2, dim=-1)
-                ys[start:start + n] = F.linear(experts.act(gate) * up, experts.down_proj[e])
+                ys[start:start + n] = F.linear(swiglu(experts, gate, up), experts.down_proj[e])
                 start += n
         return ys
 
@@ -149,15 +149,16 @@ class Inference(Reference):
         if w is None:
             return super().mlp(mlp, x)
         rows = x.reshape(-1, x.shape[-1])
-        if mlp.act is F.silu and rows.shape[0] <= native.max_rows() and native.swiglu_ok(x, w, mlp.down_proj.weight):
+        if (mlp.act is F.silu and mlp.limit is None and rows.shape[0] <= native.max_rows()
+                and native.swiglu_ok(x, w, mlp.down_proj.weight)):
             return native.swiglu(rows, [rows.shape[0]], w, mlp.down_proj.weight).view(x.shape)
         gate, up = native.linear(x, w).chunk(2, dim=-1)  # quantised weights read in place
-        return self.linear(mlp.down_proj, mlp.act(gate).mul_(up))
+        return self.linear(mlp.down_proj, swiglu(mlp, gate, up, inplace=True))
 
     def experts(self, experts, xs, counts):
         """Fewer ops per expert (in-place activation, results written straight into the output), which is what a
         decode step with ~1 token per expert is bound by; a decode step's experts in one native call."""
-        if (experts.act is F.silu and 0 < max(counts) <= native.max_rows()
+        if (experts.act is F.silu and experts.limit is None and 0 < max(counts) <= native.max_rows()
                 and native.swiglu_ok(xs, experts.gate_up_proj, experts.down_proj)):
             return native.swiglu(xs, counts, experts.gate_up_proj, experts.down_proj)
         if int4_experts_ok(experts, xs):
@@ -226,7 +227,16 @@ def grouped_mm(experts: nn.Module, xs: torch.Tensor, counts: list[int]) -> torch
     [E, in, out] weights are transposed views (no copy)."""
     offsets = torch.tensor(list(itertools.accumulate(counts)), dtype=torch.int32, device=xs.device)
     gate, up = torch._grouped_mm(xs, experts.gate_up_proj.transpose(1, 2), offs=offsets).chunk(2, dim=-1)
-    return torch._grouped_mm(experts.act(gate).mul_(up), experts.down_proj.transpose(1, 2), offs=offsets)
+    return torch._grouped_mm(swiglu(experts, gate, up, inplace=True), experts.down_proj.transpose(1, 2), offs=offsets)
+
+
+def swiglu(m: nn.Module, gate: torch.Tensor, up: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """act(gate) * up of an MLP or experts module `m`; with `m.limit` (glm5_next's swiglu_limit) gate is clamped from
+    above and up on both sides first. inplace: gate and up are fresh matmul outputs the result may overwrite."""
+    if m.limit is not None:
+        gate = gate.clamp_(max=m.limit) if inplace else gate.clamp(max=m.limit)
+        up = up.clamp_(-m.limit, m.limit) if inplace else up.clamp(-m.limit, m.limit)
+    return m.act(gate).mul_(up) if inplace else m.act(gate) * up
 
 
 def _int4(w: torch.Tensor) -> bool:
@@ -253,14 +263,14 @@ def int4_experts(experts: nn.Module, xs: torch.Tensor, counts: list[int]) -> tor
             x = xs[start:start + n]
             gate, up = native.int4_matmul(x, native.KernelWeight(gu.values[e], gu.scale[e], gu.wtype, gu.group),
                                           2 * inter).chunk(2, dim=-1)
-            native.int4_matmul(F.silu(gate).mul_(up), native.KernelWeight(dn.values[e], dn.scale[e], dn.wtype,
+            native.int4_matmul(swiglu(experts, gate, up, inplace=True), native.KernelWeight(dn.values[e], dn.scale[e], dn.wtype,
                                                                           dn.group), xs.shape[-1], ys[start:start + n])
             start += n
     return ys
 
 
 def onednn_experts_ok(experts: nn.Module, xs: torch.Tensor) -> bool:
-    return (xs.dtype == torch.bfloat16 and xs.device.type == "cpu" and experts.act is F.silu
+    return (xs.dtype == torch.bfloat16 and xs.device.type == "cpu" and experts.act is F.silu and experts.limit is None
             and torch.backends.mkldnn.is_available()
             and all(type(w) is nn.Parameter and w.dtype == torch.bfloat16 and w.is_contiguous()
                     for w in (experts.gate_up_proj, experts.down_proj)))
@@ -301,7 +311,7 @@ def swiglu_rows(experts: nn.Module, groups) -> None:
     """Expert e's SwiGLU of x into y, for each (e, x, y) of groups."""
     for e, x, y in groups:
         gate, up = F.linear(x, experts.gate_up_proj[e]).chunk(2, dim=-1)
-        torch.mm(experts.act(gate).mul_(up), experts.down_proj[e].t(), out=y)
+        torch.mm(swiglu(experts, gate, up, inplace=True), experts.down_proj[e].t(), out=y)
 
 
 @contextmanager

@@ -11,6 +11,9 @@ Every native name equals its on-disk transformers name, except what a family's `
   (`hf_name`); only the `num_nextn_predict_layers` declared layers may follow the decoder layers on disk
   (`extra_layer`), and `nextn_copies` are tensors some checkpoints keep inside a next-n layer, held as raw tensors
   (`model.mtp_extra`), not parameters.
+- `prefixes`: a multimodal checkpoint nests the text model (glm5_next: `model.` -> `model.language_model.`): `disk`
+  applies them last, `from_disk` undoes them; `kept`: prefixes of tensors openglm does not run (its vision tower),
+  kept as stored and written back unchanged (`model.vision_extra`).
 FP8 block scales (`*.weight_scale_inv`) are the business of openglm/model/fp8.py.
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -40,6 +43,33 @@ class Stacked:
 class HFNames:
     stacked: tuple[Stacked, ...] = ()
     nextn_copies: tuple[str, ...] = ()  # names inside a next-n layer
+    prefixes: tuple[tuple[str, str], ...] = ()  # (text-model prefix, on-disk prefix), first match wins
+    kept: tuple[str, ...] = ()  # on-disk prefixes of tensors kept as stored
+    fp8_not_convert: tuple[str, ...] = ()  # modules an FP8 save leaves unquantised beside fp8.DEFAULT_NOT_CONVERT
+
+    def disk(self, name: str) -> str:
+        """The on-disk name of a text-model tensor named as `hf_pieces` names it."""
+        for text, disk in self.prefixes:
+            if name.startswith(text):
+                return disk + name[len(text):]
+        return name
+
+    def from_disk(self, name: str) -> str:
+        """Inverse of `disk`."""
+        for text, disk in self.prefixes:
+            if name.startswith(disk):
+                return text + name[len(disk):]
+        return name
+
+    def is_kept(self, name: str) -> bool:
+        return bool(self.kept) and name.startswith(self.kept)
+
+    def reading(self, names) -> "HFNames":
+        """These names for reading a checkpoint holding tensors `names`: without the prefixes when it does not use
+        them (a flat, text-only export of a multimodal model)."""
+        if self.prefixes and not any(n.startswith(disk) for n in names for _, disk in self.prefixes):
+            return replace(self, prefixes=())
+        return self
 
     def hf_pieces(self, native_name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
         """The HF tensors (name, shape) that make up one native tensor (named as on disk: `hf_name` first):

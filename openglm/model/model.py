@@ -111,10 +111,12 @@ class GlmMoeDsaModel(nn.Module):
 
 
 class GlmMoeDsaForCausalLM(nn.Module):
+    model_class = GlmMoeDsaModel  # the decoder stack; a model type with other layers subclasses with its own
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.model = GlmMoeDsaModel(config)
+        self.model = self.model_class(config)
         self.family = family_of(config.model_type)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         # Optional copies some checkpoints store inside a next-n layer (its embed_tokens, shared_head.head):
@@ -287,3 +289,10 @@ def default_position_ids(attention_mask, B, past, T, device) -> torch.Tensor:
         return torch.arange(past, past + T, device=device).expand(B, T)
     pos = attention_mask.long().cumsum(-1) - 1
     return pos.clamp(min=0)[:, past:]
+
+
+def build_model(cfg: ModelConfig) -> GlmMoeDsaForCausalLM:
+    """The causal LM of cfg's family (`GlmMoeDsaForCausalLM`, or the family's subclass: glm5_next's), on the current
+    default device (weights initialised unless that is meta)."""
+    family = family_of(cfg.model_type)
+    return (family.causal_lm() if family.causal_lm is not None else GlmMoeDsaForCausalLM)(cfg)

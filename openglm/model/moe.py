@@ -33,6 +33,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, inter, bias=False)
         self.down_proj = nn.Linear(inter, cfg.hidden_size, bias=False)
         self.act = ACT[cfg.hidden_act]
+        self.limit = cfg.swiglu_limit  # glm5_next clamps gate and up (fast.swiglu)
 
     def forward(self, x, ops: fast.Reference | None = None):
         """down(act(gate(x)) * up(x)); `ops`: the forward's paths (`fast.choose`; on its own, the module picks)."""
@@ -48,10 +49,11 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * inter, H))
         self.down_proj = nn.Parameter(torch.empty(E, H, inter))
         self.act = ACT[cfg.hidden_act]
+        self.limit = cfg.swiglu_limit  # glm5_next clamps gate and up (fast.swiglu); the native kernels do not
 
     def forward(self, x, indices, weights, capacity: int | None = None, ops: fast.Reference | None = None):
         """x [N,H]; indices/weights [N,k]. Returns (out [N,H], number of dropped assignments)."""
-        if capacity is None and gpu.wanted(x):  # CUDA: Triton experts (model/gpu.py); None: they do not apply
+        if capacity is None and self.limit is None and gpu.wanted(x):  # CUDA: Triton experts (model/gpu.py)
             out = gpu.experts_forward(self, x, indices, weights)
             if out is not None:
                 return out, 0

@@ -19,7 +19,7 @@ import torch
 
 from openglm.model.config import ModelConfig
 from openglm.model.errors import ConfigError
-from openglm.model.model import GlmMoeDsaForCausalLM
+from openglm.model.model import build_model
 
 LONG_NAMES = {"data_parallel": "dp", "expert_parallel": "ep", "tensor_parallel": "tp", "pipeline_parallel": "pp"}
 
@@ -125,7 +125,7 @@ def rank_parameters(cfg: ModelConfig, layout: ParallelLayout, mode: str) -> dict
     """Parameters one rank holds, per component ("routed_experts", "tp_sharded", "replicated" / "fsdp_sharded"),
     for mode "serve" (tp/ep) or "train" (FSDP2 over dp, experts over ep). Built on the meta device."""
     with torch.device("meta"):
-        model = GlmMoeDsaForCausalLM(cfg)
+        model = build_model(cfg)
     dense_layers = {i for i, t in enumerate(cfg.mlp_layer_types) if t == "dense"}
     out = {"routed_experts": 0.0, **({"tp_sharded": 0.0, "replicated": 0.0} if mode == "serve" else {"fsdp_sharded": 0.0})}
     seen = set()

@@ -14,7 +14,7 @@ is written last, so an interrupted build leaves the previous index readable.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -23,16 +23,23 @@ from openglm.util.files import write_atomic
 
 from .chunking import Chunk, chunk_file, content_hash, decode_text, iter_source_files, printable_path
 from .embedder import Embedder, EmbedderIdentity, check_identity
-from .lexical import BM25Index, reciprocal_rank_fusion
+from .lexical import BM25Index, code_share, reciprocal_rank_fusion
 from .vector import VectorConfig, VectorIndex, ladder_config
+from .warm import INDEX_DIRNAME, index_dir_of, search_warm
 
-INDEX_DIRNAME = ".openglm-index"
 FORMAT_VERSION = 1
 EXACT_UP_TO = 50_000  # below this many chunks exact search is fast enough and loses nothing
 MODES = ("hybrid", "dense", "bm25")
-# Hybrid fusion weights (dense, bm25): identifier-heavy queries (tracebacks, test reports) are
-# matched far better lexically, so BM25's ranks count more (measured: docs/retrieval.md).
-FUSION_WEIGHTS = (0.5, 1.0)
+# Hybrid fusion: weighted reciprocal rank fusion, the weights (dense, bm25) set by the query. A question in
+# words is answered best with the dense ranking leading (a single word shared with an unrelated function
+# must not outrank the meaning); an identifier-heavy one (a traceback, a test report, a name) with BM25
+# leading. The weights move from NATURAL to CODE with the query's code_share, reaching CODE at
+# CODE_SHARE_FULL; RRF_C is the fusion's rank offset. Tuned on benchmarks/bench_retrieval_quality.py
+# (docs/retrieval.md has the sweep).
+FUSION_NATURAL = (1.0, 0.5)
+FUSION_CODE = (0.1, 1.0)
+CODE_SHARE_FULL = 0.5
+RRF_C = 10.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,10 @@ class Hit(Chunk):
 
     def to_dict(self) -> dict:
         return {**asdict(self), "location": self.location}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Hit":
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
 
 
 @dataclass
@@ -67,12 +78,8 @@ class CodeIndex:
     @classmethod
     def open(cls, path: str | Path, embedder: Embedder | None = None) -> "CodeIndex":
         """Open an index directory, or the default index of a repository."""
-        path = Path(path)
-        index_dir = path if (path / "manifest.json").exists() else path / INDEX_DIRNAME
+        index_dir = index_dir_of(path)
         manifest_path = index_dir / "manifest.json"
-        if not manifest_path.exists():
-            raise FileNotFoundError(f"no code index at {path} (looked for {manifest_path}); "
-                                    f"build one with `openglm index build {path}`")
         manifest = json.loads(manifest_path.read_text())
         if manifest.get("version") != FORMAT_VERSION:
             raise ValueError(f"{manifest_path}: index format {manifest.get('version')}, expected {FORMAT_VERSION}")
@@ -223,8 +230,7 @@ class CodeIndex:
         else:  # fuse two deeper candidate pools
             pool = max(k * 5, 50)
             dense, lexical = self._dense(query, pool), self._lexical(query, pool)
-            ranked = reciprocal_rank_fusion([[i for i, _ in dense], [i for i, _ in lexical]], k,
-                                            weights=FUSION_WEIGHTS)
+            ranked = fuse(query, dense, lexical, k)
         return [Hit(**asdict(self.chunks[cid]), score=float(s)) for cid, s in ranked[:k]]
 
     def _dense(self, query: str, k: int) -> list[tuple[int, float]]:
@@ -241,6 +247,19 @@ class CodeIndex:
         return [(order[r], float(s)) for r, s in zip(rows, scores)]
 
 
+def fusion_weights(query: str) -> tuple[float, float]:
+    """(dense, bm25) weights of the hybrid fusion for this query: FUSION_NATURAL for words, FUSION_CODE for code."""
+    t = min(1.0, code_share(query) / CODE_SHARE_FULL)
+    return tuple(a + t * (b - a) for a, b in zip(FUSION_NATURAL, FUSION_CODE))
+
+
+def fuse(query: str, dense: list[tuple[int, float]], lexical: list[tuple[int, float]], k: int,
+         weights: tuple[float, float] | None = None, c: float = RRF_C) -> list[tuple[int, float]]:
+    """The hybrid ranking of two (id, score) rankings, best first."""
+    return reciprocal_rank_fusion([[i for i, _ in dense], [i for i, _ in lexical]], k, c=c,
+                                  weights=weights or fusion_weights(query))
+
+
 def search_repository(repo: str | Path, query: str, k: int = 10, mode: str = "hybrid") -> tuple[list[Hit], str]:
     """Search a repository for the agent: through its code index when it has one
     (`openglm index build REPO`), else BM25 over chunks made on the fly (nothing is embedded, so
@@ -249,6 +268,9 @@ def search_repository(repo: str | Path, query: str, k: int = 10, mode: str = "hy
     if not repo.is_dir():
         raise FileNotFoundError(f"repository path {repo} does not exist or is not a directory")
     if (repo / INDEX_DIRNAME / "manifest.json").exists():
+        warm = search_warm(repo / INDEX_DIRNAME, query, k, mode)  # `openglm index serve`: no model load here
+        if warm is not None:
+            return [Hit.from_dict(h) for h in warm], mode
         return CodeIndex.open(repo).search(query, k, mode=mode), mode
     if not query.strip():
         raise ValueError("empty query")

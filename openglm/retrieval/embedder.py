@@ -74,7 +74,7 @@ class Embedder:
         if num_threads:
             torch.set_num_threads(num_threads)
         self.model_path = path
-        self.model = SentenceTransformer(str(path), device="cpu")
+        self.model = _load_quietly(SentenceTransformer, path)
         self.model.max_seq_length = max_seq_length
         self.batch_size = batch_size
         dim = self.model.get_embedding_dimension() if hasattr(self.model, "get_embedding_dimension") \
@@ -91,6 +91,20 @@ class Embedder:
         out = self.model.encode(list(texts), batch_size=self.batch_size, show_progress_bar=progress,
                                 convert_to_numpy=True, normalize_embeddings=True)
         return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def _load_quietly(sentence_transformer, path: Path):
+    """The model, loaded without transformers' per-tensor "Loading weights" progress bar: loading a local
+    model takes a fraction of a second, and a bar on every `openglm index search` is noise on stderr."""
+    from transformers.utils import logging as hf_logging  # imported by sentence-transformers already
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return sentence_transformer(str(path), device="cpu")
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def check_identity(stored: dict | EmbedderIdentity, actual: EmbedderIdentity, where: str) -> None:

@@ -13,6 +13,9 @@ import numpy as np
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PART = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+# A query word that is code: snake_case, camelCase, a dotted or path name, a call, an operator, file:line.
+_CODE_WORD = re.compile(r"\w_|_\w|[a-z][A-Z]|[A-Z]{2,}[a-z]|\w\.\w|[()\[\]{}=<>/\\]|::|:\d|^[#@$]")
+_LETTER = re.compile(r"[A-Za-z]")
 
 
 def tokenize(text: str) -> list[str]:
@@ -26,6 +29,15 @@ def tokenize(text: str) -> list[str]:
     for number in re.findall(r"\b\d{2,}\b", text):
         tokens.append(number)
     return tokens
+
+
+def code_share(query: str) -> float:
+    """The share of a query's words that are code (identifiers, paths, calls): 0 for a plain question, near 1
+    for a traceback or a name. Words without a letter (numbers, markers) do not count either way."""
+    words = [w for w in query.split() if _LETTER.search(w)]
+    if not words:
+        return 1.0
+    return sum(bool(_CODE_WORD.search(w)) for w in words) / len(words)
 
 
 class BM25Index:

@@ -109,7 +109,9 @@ class AsyncEngine:
     def _apply(self, cmd: tuple) -> None:
         if cmd[0] == "add":
             _, rid, prompt_ids, params = cmd
-            if rid not in self.streams:  # the client left before we got to it
+            if rid not in self.streams:  # the client left before the engine got to it: an abort all the same
+                if self.metrics is not None:
+                    self.metrics.requests.labels(finish_reason="abort").inc()
                 return
             try:
                 self.engine.add_request(prompt_ids, params, request_id=rid)

@@ -22,7 +22,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from openglm.model.errors import CheckpointError
-from openglm.model.model import GlmMoeDsaForCausalLM
+from openglm.model.model import build_model
 from openglm.train.checkpoint import save_checkpoint
 from openglm.train.parallelize import TrainParallel
 
@@ -83,7 +83,7 @@ def full_state_dict(par: TrainParallel, model: torch.nn.Module) -> dict[str, tor
 
 def consolidated_model(model_config, state: dict[str, torch.Tensor]) -> torch.nn.Module:
     with torch.device("meta"):
-        full = GlmMoeDsaForCausalLM(model_config)
+        full = build_model(model_config)
     full.load_state_dict(state, assign=True)
     return full
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from openglm.model.checkpoint import load_model, resolve_checkpoint
 from openglm.model.errors import CheckpointError
-from openglm.model.model import GlmMoeDsaForCausalLM
+from openglm.model.model import build_model
 from openglm.model.parallel import ParallelLayout, check_training_layout
 from openglm.train import dist, dist_checkpoint, parallelize
 from openglm.train.activations import enable_activation_checkpointing
@@ -107,7 +107,7 @@ class Trainer:
     def _build_model(self) -> None:
         torch.manual_seed(self.cfg.seed)
         self.device = torch.device(self.cfg.device if self.cfg.device != "cuda" else f"cuda:{self.info.local_rank}")
-        self.model = GlmMoeDsaForCausalLM(self.model_config).to(self.device)
+        self.model = build_model(self.model_config).to(self.device)
         self.model.train()
         self._trains_mtp = self.model_config.num_nextn_predict_layers > 0 and self.cfg.mtp_loss_weight > 0
         if self.cfg.activation_checkpointing:

@@ -41,6 +41,17 @@ def test_the_flags_defaults_are_the_deployment_defaults(tmp_path):
     assert dataclasses.replace(serve_config(serve_args("m")), served_model_name=None) == load_deploy_config(path)
 
 
+def test_tuning_keys_left_out_are_openglms_defaults_for_its_engine(tmp_path):
+    """deploy.yaml leaves them None (so a GPU hand-off gets the engine's own); openglm's CPU engine fills them."""
+    path = tmp_path / "deploy.yaml"
+    path.write_text("model: m\n")
+    cfg = load_deploy_config(path)
+    assert (cfg.block_size, cfg.dtype, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.num_kv_blocks) == (None,) * 5
+    engine = engine_config(cfg)
+    assert (engine.block_size, engine.dtype, engine.max_num_batched_tokens, engine.max_num_seqs,
+            engine.num_kv_blocks) == (16, "float32", 2048, 32, 2048)
+
+
 def test_tensor_parallel_ranks_run_without_speculation_and_say_so(tmp_path):
     path = tmp_path / "deploy.yaml"
     path.write_text("model: m\nspeculative: {num_speculative_tokens: 3}\n")

@@ -90,3 +90,8 @@ def _padded_batch_fixture():
 @pytest.fixture(name="hf_config")
 def _hf_config_fixture():
     return hf_config
+
+
+@pytest.fixture(name="randomize")
+def _randomize_fixture():
+    return randomize

@@ -119,3 +119,38 @@ def test_bad_inputs_give_clear_errors(repo, tmp_path, embedder):
     index = CodeIndex.open(repo, embedder=embedder)
     with pytest.raises(ValueError, match="unknown search mode"):
         index.search("x", mode="fuzzy")
+
+
+def fake_index(names: list[str]) -> CodeIndex:
+    """An index of chunks named `names` (ids 0..n-1), no vectors: the rankings are given by the test."""
+    chunks = {i: ci.Chunk(path=f"m{i}.py", start_line=1, end_line=2, kind="function", name=n, text="")
+              for i, n in enumerate(names)}
+    return CodeIndex(Path("idx"), Path("repo"), {}, chunks, None, None)
+
+
+def test_one_shared_word_does_not_outrank_what_the_question_means(monkeypatch):
+    """A question in words: the dense ranking's clear first stays first over a chunk that only shares a word
+    with it ("detect circular references" vs `detect_encoding`, 17th by meaning, 1st by words)."""
+    names = ["find_reference_cycles", *[f"other_{i}" for i in range(15)], "detect_encoding"]
+    index = fake_index(names)
+    monkeypatch.setattr(index, "_dense", lambda q, k: [(i, 0.5 - 0.01 * i) for i in range(len(names))][:k])
+    monkeypatch.setattr(index, "_lexical", lambda q, k: [(16, 6.9), (14, 1.2)][:k])
+    assert index.search("detect circular references", 3)[0].name == "find_reference_cycles"
+
+
+def test_an_identifier_query_keeps_the_lexical_first(monkeypatch):
+    """Code in the query (a name, a traceback): BM25's exact match leads, as it did before."""
+    names = ["TextWrapper.wrap", "fill", "dedent", "indent", "shorten", "TextWrapper._wrap_chunks"]
+    index = fake_index(names)
+    monkeypatch.setattr(index, "_dense", lambda q, k: [(i, 0.5 - 0.01 * i) for i in range(len(names))][:k])
+    monkeypatch.setattr(index, "_lexical", lambda q, k: [(5, 9.0), (0, 2.0)][:k])
+    assert index.search("TextWrapper._wrap_chunks", 3)[0].name == "TextWrapper._wrap_chunks"
+    assert index.search("TextWrapper._wrap_chunks(self, chunks) raises IndexError", 3)[0].name == \
+        "TextWrapper._wrap_chunks"
+
+
+def test_fusion_weights_move_from_words_to_code():
+    assert ci.fusion_weights("parse a JSON number") == pytest.approx(ci.FUSION_NATURAL)
+    assert ci.fusion_weights("json.decoder.py_scanstring(s, end)") == pytest.approx(ci.FUSION_CODE)
+    dense, bm25 = ci.fusion_weights("why does py_scanstring fail on escapes")  # one code word in six
+    assert ci.FUSION_CODE[0] < dense < ci.FUSION_NATURAL[0] and ci.FUSION_NATURAL[1] < bm25 < ci.FUSION_CODE[1]

@@ -42,3 +42,15 @@ def test_fusion_rejects_bad_weights():
         reciprocal_rank_fusion([[1], [2]], k=1, weights=[1.0])
     with pytest.raises(ValueError):
         reciprocal_rank_fusion([[1], [2]], k=1, weights=[1.0, -1.0])
+
+
+def test_code_share_tells_a_question_from_code():
+    from openglm.retrieval.lexical import code_share
+
+    assert code_share("detect circular references") == 0.0
+    assert code_share("where are retries handled") == 0.0
+    assert code_share("_wrap_chunks") == code_share("TextWrapper._wrap_chunks") == 1.0
+    report = ("FAILED tests/test_cache.py::test_lru - AssertionError: assert 3 == 2\n"
+              "E   where 3 = len(LRUCache({1: 1}, maxsize=2))\nsrc/cachetools/__init__.py:123: in __setitem__")
+    assert code_share(report) >= 0.5
+    assert 0 < code_share("KeyError in json.decoder.raw_decode") < 1

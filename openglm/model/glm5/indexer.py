@@ -35,6 +35,10 @@ class Indexer(nn.Module):
         projections)."""
         return apply_rope(self.k_norm(self.wk(x) if projected is None else projected), rot)
 
+    def entries(self, x: torch.Tensor, rot, projected=None) -> dict[str, torch.Tensor]:
+        """What the cache holds for this indexer per new token: its keys (`rot`: the forward's `rope.Rotation`)."""
+        return {"index_k": self.keys(x, rot.index, projected)}
+
     @torch.no_grad()
     def queries(self, x, rot, projected, head_weights=None) -> tuple[torch.Tensor, torch.Tensor]:
         """The indexer's queries [B, T, n_heads, head_dim] and head weights [B, T, n_heads] (scaled by

@@ -27,6 +27,8 @@ from openglm.model.sparse import SPARSE_PATTERN_KINDS, mla_pattern_attention, pa
 
 
 class MLAttention(nn.Module):
+    indexer_class = Indexer  # a model type with another DSA indexer subclasses this with its own
+
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -45,11 +47,11 @@ class MLAttention(nn.Module):
         self.kv_b_proj = nn.Linear(self.rank, self.n_heads * (self.nope + self.v_dim), bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.v_dim, cfg.hidden_size, bias=bias)
         own_indexer = self.kind == "dsa" and cfg.indexer_types[layer_idx] == "full"
-        self.indexer = Indexer(cfg) if own_indexer else None
+        self.indexer = self.indexer_class(cfg) if own_indexer else None
         self.pattern = pattern_from_config(cfg, self.kind) if self.kind in SPARSE_PATTERN_KINDS else None
         # Whether the next DSA layer reuses this layer's selection (indexer_types 'shared'): only then are the
         # slots of every query kept (Tq x k of them) after the attention.
-        later = [j for j in range(layer_idx + 1, cfg.num_hidden_layers) if cfg.attention_kinds[j] == "dsa"]
+        later = [j for j in range(layer_idx + 1, cfg.num_hidden_layers) if cfg.is_dsa(j)]
         self.selection_shared = bool(own_indexer and later and cfg.indexer_types[later[0]] == "shared")
 
     def forward(self, x, rot, key_valid, past: int, cache=None, prev_selection=None, ops: fast.Reference | None = None):
@@ -63,16 +65,16 @@ class MLAttention(nn.Module):
         q_resid = ops.norm(self.q_a_layernorm, q_a)
         q, *index_q = ops.linears(self, "query", self.query_linears(), q_resid)
         q = q.view(B, T, self.n_heads, self.nope + self.rope)
-        entries = {"kv": ops.norm(self.kv_a_layernorm, kv), "k_pe": apply_rope(k_pe, rot.rope)}
+        entries = {"kv": ops.norm(self.kv_a_layernorm, kv), "k_pe": self._rope(k_pe, rot)}
         if self.indexer is not None:
             # Cached in the model dtype, as transformers does: every decode step reads every cached key, and a
             # bf16 key is half the bytes (the scores are fp32 either way: sparse_dsa and decode_kernels widen it).
-            entries["index_k"] = self.indexer.keys(x, rot.index, projected=index_k)
+            entries.update(self.indexer.entries(x, rot, projected=index_k))
         if cache is not None:
             entries = cache.update(self.layer_idx, entries)
         # Absorb W_uk into the query: q_nope . (W_uk c) = (W_uk^T q_nope) . c
         q_lat = ops.per_head(self, "w_uk_t", q[..., : self.nope], self.kv_b_proj.weight, self._uk_t)  # [B,T,H,rank]
-        q_full = torch.cat([q_lat, apply_rope(q[..., self.nope:], rot.rope)], dim=-1)
+        q_full = torch.cat([q_lat, self._rope(q[..., self.nope:], rot)], dim=-1) if self.rope else q_lat
         keys = latent_keys(entries["kv"], entries["k_pe"])  # [B, N, 1, rank+rope]
         selection, chunk = None, self.cfg.attn_query_chunk
         if self.kind == "dsa":
@@ -87,6 +89,10 @@ class MLAttention(nn.Module):
         # Un-absorb W_uv: o_h = W_uv (sum_j p_j c_j)
         o = ops.per_head(self, "w_uv", o_lat, self.kv_b_proj.weight, self._uv)  # [B, T, H, v]
         return ops.linear(self.o_proj, o.reshape(B, T, self.n_heads * self.v_dim)), selection
+
+    def _rope(self, x: torch.Tensor, rot) -> torch.Tensor:
+        """x's rope slice rotated; NoPE attention (qk_rope_head_dim 0, no `rot`) has none to rotate."""
+        return apply_rope(x, rot.rope) if self.rope else x
 
     def _dsa(self, x, rot, q_full, keys, entries, index_q, index_w, key_valid, prev_selection):
         """DSA over the latent keys in `sparse_dsa`'s layout (views, no copies): q [B,H,T,D], one key head

@@ -624,3 +624,106 @@ def dsa_attention(q, k, v, index_q, index_k, weights, topk: int, *, scale=None, 
     if isinstance(out, list):
         out = torch.cat(out, 2) if len(out) > 1 else out[0]
     return (out, slots) if return_slots else out
+
+
+# ---- Pooled selection (GLM-5.3): the indexer scores groups of consecutive keys --------------------------------
+
+
+def pooled_topk_slots(index_q, index_k, gate, ape, weights, topk: int, kpool: int, *, scale: float,
+                      key_mask=None, query_mask=None, select_tail: bool = True,
+                      budget_bytes: int = DEFAULT_BUDGET) -> torch.Tensor:
+    """DSA's selection over groups of `kpool` consecutive keys, as GLM-5.3's indexer makes it: key slots
+    [B, Tq, topk + (kpool - 1 if select_tail else 0)] per query (-1 = none), for `gather_attention`.
+
+    index_q [B, Tq, Hi, Di] and weights [B, Tq, Hi] (already scaled) as for `indexer_topk`; index_k and gate
+    [B, N, Di] per cache slot (the queries are the last Tq slots); ape [kpool, Di]; key_mask / query_mask [B, N] /
+    [B, Tq] bool (None: no padding). Groups are aligned at each sequence's first valid key, so left padding does
+    not shift them. A group's key is the mean of its keys weighted by softmax(gate + ape) over the group; a group is
+    a candidate for a query when all its keys are valid and its last key is visible. Each query keeps its best
+    topk / kpool candidate groups (score sum_h w_h relu(scale q_h . group key), ties broken by torch.topk over
+    the same row as transformers' Glm5NextTextIndexer) and, with select_tail, the visible keys after its last
+    complete group. The selection is not differentiable."""
+    b, tq, hi, di = index_q.shape
+    n = index_k.shape[1]
+    _check_scale(scale)
+    with torch.no_grad():
+        first = _first_valid(key_mask, b, n, index_k.device)
+        pools = _Pools(index_k, gate, ape, key_mask, first, kpool)
+        qpos = torch.arange(n - tq, n, device=index_k.device)
+        n_pools = pools.keys.shape[1]
+        block = _block(8 * b * hi * max(n_pools, 1), tq, budget_bytes)
+        width = topk + (kpool - 1 if select_tail else 0)
+        out = torch.full((b, tq, width), -1, dtype=torch.long, device=index_k.device)
+        visible_count = (qpos + 1 - first[:, None] if key_mask is None
+                         else key_mask.long().cumsum(-1)[:, qpos])  # [B, Tq] visible valid keys
+        for s in range(0, tq, block):
+            e = min(tq, s + block)
+            groups, slots = pools.select(index_q[:, s:e].float(), weights[:, s:e].float(), qpos[s:e], scale,
+                                         topk // kpool)
+            out[:, s:e, :slots.shape[-1]] = slots
+            if select_tail and kpool > 1:
+                out[:, s:e, topk:] = _tail_slots(first, visible_count[:, s:e], qpos[s:e], key_mask, groups, kpool, n)
+        if query_mask is not None:
+            out.masked_fill_(~query_mask[..., None], -1)
+    return out
+
+
+def _first_valid(key_mask, b: int, n: int, device) -> torch.Tensor:
+    """[B] the slot of each sequence's first valid key (n when it has none)."""
+    if key_mask is None:
+        return torch.zeros(b, dtype=torch.long, device=device)
+    return torch.where(key_mask.any(-1), key_mask.long().argmax(-1), torch.full((b,), n, device=device))
+
+
+class _Pools:
+    """The key groups of one forward: their pooled keys, slots and validity, over the groups valid in some
+    sequence of the batch (the candidate row transformers scores, so that torch.topk breaks ties alike)."""
+
+    def __init__(self, index_k, gate, ape, key_mask, first, kpool: int):
+        b, n, _ = index_k.shape
+        n_pools = -(-n // kpool)
+        slots = first[:, None, None] + torch.arange(n_pools * kpool, device=index_k.device).view(1, n_pools, kpool)
+        in_range = slots < n
+        safe = slots.clamp(0, n - 1)
+        rows = torch.arange(b, device=index_k.device)[:, None, None]
+        valid = in_range if key_mask is None else in_range & key_mask[rows, safe]
+        logits = (gate[rows, safe].float() + ape.float()).masked_fill(~valid[..., None], float("-inf"))
+        weights = torch.nan_to_num(logits.softmax(2))  # a group with no valid key: zeros, not NaN
+        keys = (weights * index_k[rows, safe].float()).sum(2)
+        pool_valid = valid.all(-1)
+        keep = pool_valid.any(0)
+        self.ids = keep.nonzero().squeeze(1)  # [P'] group number of each kept group
+        self.keys, self.valid = keys[:, keep], pool_valid[:, keep]  # [B, P', Di], [B, P']
+        self.slots = slots[:, keep]  # [B, P', kpool]
+        self.end = self.slots[..., -1]  # [B, P'] each group's last slot
+
+    def select(self, q, w, qpos, scale: float, n_groups: int):
+        """(group numbers [B, Q, k] (-1 = none), their slots [B, Q, k * kpool]) of the queries at slots qpos."""
+        b, nq = q.shape[:2]
+        scores = torch.matmul(q, self.keys.transpose(1, 2).unsqueeze(1))  # [B, Q, Hi, P']
+        scores = F.relu(scores * scale)
+        summed = torch.matmul(w.unsqueeze(-2), scores).squeeze(-2)  # [B, Q, P']
+        candidate = self.valid[:, None, :] & (self.end[:, None, :] <= qpos[None, :, None])
+        summed = summed.masked_fill(~candidate, torch.finfo(summed.dtype).min)
+        k = min(n_groups, summed.shape[-1])
+        chosen = summed.topk(k, dim=-1).indices  # [B, Q, k]
+        ok = candidate.gather(-1, chosen)
+        rows = torch.arange(b, device=q.device)[:, None, None]
+        slots = self.slots[rows, chosen].masked_fill(~ok[..., None], -1).flatten(-2)
+        return self.ids[chosen].masked_fill(~ok, -1), slots
+
+
+def _tail_slots(first, visible_count, qpos, key_mask, groups, kpool: int, n: int) -> torch.Tensor:
+    """[B, Q, kpool - 1]: the visible keys after each query's last complete group (-1 = none), minus any that
+    lie in a selected group (possible only when the padding has holes)."""
+    offsets = torch.arange(kpool - 1, device=first.device)
+    tail_count = visible_count.remainder(kpool)
+    start = first[:, None] + visible_count - tail_count
+    slots = start[..., None] + offsets  # [B, Q, kpool - 1]
+    ok = (offsets < tail_count[..., None]) & (slots < n) & (slots <= qpos[None, :, None])
+    if key_mask is not None:
+        rows = torch.arange(first.shape[0], device=first.device)[:, None, None]
+        ok &= key_mask[rows, slots.clamp(0, n - 1)]
+        group_of = (slots - first[:, None, None]).div(kpool, rounding_mode="floor")
+        ok &= ~(group_of[..., None] == groups[:, :, None, :]).any(-1)
+    return slots.masked_fill(~ok, -1)
