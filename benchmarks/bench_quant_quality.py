@@ -44,9 +44,11 @@ def held_out_windows(checkpoint: Path, max_windows: int) -> tuple[np.ndarray, di
     data, val_fraction, seq_len = cfg["data"], cfg["val_fraction"], cfg["seq_len"]
     _, val = split_documents(load_documents(data), val_fraction)
     tokens = tokenize_documents(val, Tokenizer.from_checkpoint(checkpoint))
-    n = min((len(tokens) - 1) // seq_len, max_windows)
+    available = (len(tokens) - 1) // seq_len
+    n = min(available, max_windows)
     windows = np.stack([tokens[i * seq_len:i * seq_len + seq_len + 1] for i in range(n)]).astype(np.int64)
-    return windows, {"data": data, "val_documents": len(val), "val_tokens": len(tokens), "seq_len": seq_len}
+    return windows, {"data": data, "val_documents": len(val), "val_tokens": len(tokens), "seq_len": seq_len,
+                     "available": available}
 
 
 def mean_loss(model, windows: np.ndarray, batch: int) -> float:
@@ -86,7 +88,8 @@ def main(argv=None) -> int:
     windows, info = held_out_windows(checkpoint, args.max_windows)
     print(f"CPU: {cpu_model()} ({isa()}); {torch.get_num_threads()} thread(s); decode kernels: {decode_paths()}")
     print(f"checkpoint {checkpoint}; held-out split of {info['data']!r}: {info['val_documents']} documents, "
-          f"{info['val_tokens']:,} tokens, {len(windows)} windows of {info['seq_len']} (all scored)\n")
+          f"{info['val_tokens']:,} tokens; {len(windows)} of its {info['available']} windows of {info['seq_len']} "
+          f"tokens scored\n")
     print(f"{'weights':<10}{'weight MB':>10}{'loss':>9}{'perplexity':>12}{'vs bf16':>9}{'seconds':>9}")
     base = None
     for kind in kinds:
