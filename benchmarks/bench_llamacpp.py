@@ -1,7 +1,7 @@
 """openglm against llama.cpp on the same checkpoint and thread count: prefill and batch-1 decode tokens/s.
 
     python benchmarks/bench_llamacpp.py [--preset small|medium] [--threads 1,2] [--pairs bf16,int8,int4] [--busy]
-        [--prefill 512] [--prompt 64] [--steps 64] [--repeats 3]
+        [--prefill 512] [--prompt 64] [--steps 64] [--repeats 3] [--keep DIR [--prepare-only]]
 
 Opt-in (not part of the test suite): it needs a llama-cpp-python 0.3.36 build, which `make interop` (or this
 script, if the cache lacks one) builds from its source distribution with interop/build_llama_cpp.sh into
@@ -58,17 +58,17 @@ def llama_cell(args) -> int:
     import numpy as np
 
     sys.path.insert(0, str(Path(args.cache) / "site"))
-    import llama_cpp
+    import llama_cpp.llama_cpp as lib  # the bindings module Llama reads its default params from
     from llama_cpp import Llama
 
     if args.no_repack:  # llama.cpp's model params as Llama builds them, with weight repacking off
-        default = llama_cpp.llama_model_default_params
+        default = lib.llama_model_default_params
 
         def no_repack():
             p = default()
             p.use_extra_bufts = False
             return p
-        llama_cpp.llama_model_default_params = no_repack
+        lib.llama_model_default_params = no_repack
     tokens = json.loads(Path(args.tokens_file).read_text())
     prefill, prompt = tokens["prefill"], tokens["prompt"]
     llm = Llama(model_path=args.gguf, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=args.threads,
@@ -105,7 +105,7 @@ def run_llama(gguf: Path, threads: int, tokens_file: Path, args, decode_only: bo
         return json.loads(lines[-1])
     why = f"signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
     last = next((line.strip() for line in reversed(r.stderr.splitlines()) if line.strip()), "no output")
-    return {"error": f"llama.cpp aborted ({why}): {last[:120]}"}
+    return {"error": f"llama.cpp {'aborted' if r.returncode < 0 else 'failed'} ({why}): {last[:120]}"}
 
 
 def llama_cell_with_retry(gguf: Path, threads: int, tokens_file: Path, args, **kw) -> tuple[dict, dict | None]:
@@ -194,7 +194,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cell-timeout", type=float, default=1800, help="seconds a llama.cpp cell may take (default 1800)")
     ap.add_argument("--cache", default=os.path.expanduser("~/.cache/openglm/llama-cpp"),
                     help="llama-cpp-python build folder (default: ~/.cache/openglm/llama-cpp)")
-    ap.add_argument("--keep", default=None, help="keep checkpoint and GGUF files in this folder (default: temp)")
+    ap.add_argument("--keep", default=None, help="keep checkpoint and GGUF files in this folder, and reuse those an "
+                    "earlier run of the preset left there (default: a temporary folder)")
+    ap.add_argument("--prepare-only", action="store_true", help="write the checkpoint and GGUFs (into --keep) and "
+                    "stop: the untimed part, which need not wait for the benchmark lock (default off)")
     # the subprocess mode (one llama.cpp cell)
     ap.add_argument(LLAMA_CELL, action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--gguf", help=argparse.SUPPRESS)
@@ -226,21 +229,28 @@ def benchmark(args, ap) -> int:
     sdist = ensure_llama_cpp(Path(args.cache))
     work = Path(args.keep or tempfile.mkdtemp(prefix="openglm-bench-llamacpp-"))
     ckpt = work / "checkpoint"
-    torch.manual_seed(0)
     cfg = ModelConfig.from_preset(args.preset, **GLM5_HEADS)
-    model = GlmMoeDsaForCausalLM(cfg).eval()
-    with torch.no_grad():  # spread weights so greedy tokens vary (timings do not depend on the values)
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.05)
-    n_params = sum(p.numel() for p in model.parameters())
-    save_pretrained(model, ckpt)
-    write_tokenizer(ckpt)
-    del model
+    stamp = work / f"{args.preset}.done"  # --keep: the files of an earlier run of this preset are reused
+    if not stamp.is_file():
+        torch.manual_seed(0)
+        model = GlmMoeDsaForCausalLM(cfg).eval()
+        with torch.no_grad():  # spread weights so greedy tokens vary (timings do not depend on the values)
+            for p in model.parameters():
+                if p.dim() > 1:
+                    p.normal_(0, 0.05)
+        save_pretrained(model, ckpt)
+        write_tokenizer(ckpt)
+        del model
+        for f in [*work.glob("model-*.gguf"), *work.glob("*.done")]:  # another preset's files
+            f.unlink()
+    with torch.device("meta"):
+        n_params = sum(p.numel() for p in GlmMoeDsaForCausalLM(cfg).parameters())
     ggufs, notes = {}, []
     for label in pairs:
         outtype = PAIRS[label][1]
         ggufs[label] = work / f"model-{outtype}.gguf"
+        if ggufs[label].is_file():
+            continue
         if outtype == "q4_0":
             if not (work / "model-bf16.gguf").is_file():
                 convert(sdist, ckpt, work / "model-bf16.gguf", "bf16")
@@ -248,8 +258,12 @@ def benchmark(args, ap) -> int:
             if failed:
                 notes.append(f"Q4_0: {failed}")
                 ggufs[label] = None
-        elif not ggufs[label].is_file():
+        else:
             convert(sdist, ckpt, ggufs[label], outtype)
+    stamp.touch()
+    if args.prepare_only:
+        print(f"prepared {work}: checkpoint and GGUFs ({', '.join(f.name for f in sorted(work.glob('*.gguf')))})")
+        return 0
     gen = torch.Generator().manual_seed(1)
     prefill = torch.randint(3, cfg.vocab_size, (args.prefill,), generator=gen).tolist()
     prompt = prefill[:args.prompt]
