@@ -181,3 +181,12 @@ def test_int4_kernels_refuse_sizes_and_groups_they_do_not_take():
         native.check(lib.set_kernel_threads(0), "set_kernel_threads")
     with pytest.raises(ValueError, match="does not fit the int4 weight"):
         int4_matmul(torch.randn(2, 32).bfloat16(), kernel_weight(w), 8)
+
+
+def test_convert_takes_one_quantisation(tmp_path, capsys):
+    from openglm.cli import main
+
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--fp8", "--int4"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "--fp8 and --int4 exclude each other" in err[0]
+    assert not (tmp_path / "dst").exists()
