@@ -8,9 +8,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     OPENGLM_CACHE=/var/cache/openglm
 
 # gcc builds the native DSA / decode kernels on first use (without it the torch-op paths run); git is used by
-# the SWE tools.
+# the SWE tools; bubblewrap is the sandbox of the agent's task commands (it needs user namespaces in the container).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev git \
+    && apt-get install -y --no-install-recommends gcc libc6-dev git bubblewrap \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/openglm

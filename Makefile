@@ -28,6 +28,11 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq util-linux procps >/dev/null); \
 	  else echo "setsid / pgrep are missing: install util-linux and procps"; exit 1; fi; }
+	@# bubblewrap (bwrap) is the sandbox of the agent's task commands (openglm/util/sandbox.py); without it they are refused.
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null); \
+	  else echo "bwrap is missing: install bubblewrap (e.g. apt-get install bubblewrap)"; exit 1; fi; }
 	@# A C compiler builds the DSA kernels on first use (openglm/model/native.py); without one the torch-op path runs.
 	@command -v cc >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

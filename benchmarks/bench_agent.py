@@ -8,9 +8,13 @@ For repositories of 100 / 1,000 / 10,000 files, each step changes 10 files:
 - rollback: time to restore the previous snapshot (10 files differ; goal <= 50 ms at 1,000 files);
 - resume: a worker SIGKILLed mid-task; time from a new worker run starting until it is ready for
   the next step (claim + log replay + workspace restore), in-process (fork) and as a fresh
-  `python -m openglm.agent worker` process (interpreter start included).
+  `python -m openglm.agent worker` process (interpreter start included);
+- command start-up: what the sandbox adds to every command a task runs: `true` started bare, under the
+  reaper launcher (`--unsafe-no-sandbox`) and in the bubblewrap sandbox, as a process (`proc.run`) and
+  as the bash tool's whole call (`run_shell`: output reader, polling, pid record, clean-up).
 
     flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_agent.py [--sizes 100,1000,10000] [--json]
+    flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_agent.py --only startup
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu_model, isa  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
 from tqdm import tqdm
 
 from openglm.agent import faults, service
@@ -34,7 +39,10 @@ from openglm.agent.hooks import Hooks
 from openglm.agent.llm import ReplayModel
 from openglm.agent.snapshot import Snapshots
 from openglm.agent.store.sqlite_store import SQLiteStore
+from openglm.agent.tools.shell import run_shell
 from openglm.agent.worker import Worker
+from openglm.util import proc
+from openglm.util.sandbox import Sandbox, SandboxConfig, probe
 
 STEPS = 12
 
@@ -211,6 +219,52 @@ def bench_resume(tmp: Path, n_files: int = 1000, kill_after_steps: int = 20) -> 
     return results
 
 
+def bench_startup(tmp: Path, repeats: int = 40) -> list[dict]:
+    """Milliseconds to run `true` (median, p90) per launcher, as a process and as the bash tool's call."""
+    ws = tmp / "startup-ws"
+    ws.mkdir()
+    rows = []
+    for name, config in (("bare", None), ("reaper (--unsafe-no-sandbox)", SandboxConfig(enabled=False)),
+                         ("bwrap sandbox", SandboxConfig())):
+        box = Sandbox(config, str(ws)) if config is not None else None
+        try:
+            def process():
+                assert proc.run(["true"], cwd=ws, sandbox=box, env=box.env() if box else None).ok
+
+            def tool():
+                assert run_shell("true", str(ws), sandbox=box or Sandbox(SandboxConfig(enabled=False), str(ws))
+                                 ).exit_code == 0
+            row = {"launcher": name}
+            for part, fn in (("process", process), ("tool", tool if box is not None else None)):
+                if fn is None:
+                    continue
+                fn()  # warm-up: the first sandbox scans /etc once per process
+                times = []
+                for _ in range(repeats):
+                    t = time.perf_counter()
+                    fn()
+                    times.append((time.perf_counter() - t) * 1e3)
+                times.sort()
+                row[f"{part}_median_ms"] = statistics.median(times)
+                row[f"{part}_p90_ms"] = times[int(0.9 * (len(times) - 1))]
+            rows.append(row)
+        finally:
+            if box is not None:
+                box.close()
+    return rows
+
+
+def print_startup(rows: list[dict], repeats: int) -> None:
+    print(f"\ncommand start-up (`true`, {repeats} runs each; milliseconds):")
+    print(f"{'launcher':>28} | {'process median':>14} | {'process p90':>11} | {'tool median':>11} | {'tool p90':>8}")
+    print("-" * 86)
+    for r in rows:
+        tool = (f"{r['tool_median_ms']:>11.1f} | {r['tool_p90_ms']:>8.1f}" if "tool_median_ms" in r
+                else f"{'-':>11} | {'-':>8}")
+        print(f"{r['launcher']:>28} | {r['process_median_ms']:>14.1f} | {r['process_p90_ms']:>11.1f} | {tool}")
+    print("(process: proc.run; tool: the bash tool's run_shell, output reader and clean-up included)")
+
+
 class KillOnCall(ReplayModel):
     """Records the call (its time is the resume latency mark), then dies like a killed worker."""
 
@@ -222,26 +276,39 @@ class KillOnCall(ReplayModel):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="100,1000,10000")
+    ap.add_argument("--only", choices=["steps", "startup"], help="run one part (default: all)")
+    ap.add_argument("--repeats", type=int, default=40, help="runs per launcher for the start-up figures")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
+    if args.only != "steps" and probe() is not None:
+        raise SystemExit(f"bench_agent: no sandbox here ({probe()})")
+    rows, resume, startup = [], None, []
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as d:
         tmp = Path(d)
-        rows = [bench_steps(tmp, n) for n in tqdm(sizes, desc="repo sizes", disable=args.json)]
-        resume = bench_resume(tmp)
+        if args.only != "startup":
+            rows = [bench_steps(tmp, n) for n in tqdm(sizes, desc="repo sizes", disable=args.json)]
+            resume = bench_resume(tmp)
+        if args.only != "steps":
+            startup = bench_startup(tmp, args.repeats)
     if args.json:
-        print(json.dumps({"steps": rows, "resume": resume}, indent=2))
+        print(json.dumps({"steps": rows, "resume": resume, "startup": startup}, indent=2))
         return
-    print(f"\n{'files':>7} | {'step overhead ms':>16} | {'snapshot ms':>11} | {'snapshot bytes':>14} | "
-          f"{'rollback ms':>11} | {'rescan ms':>9}")
-    print("-" * 85)
-    for r in rows:
-        print(f"{r['files']:>7} | {r['step_overhead_ms']:>16.1f} | {r['snapshot_ms']:>11.1f} | "
-              f"{r['snapshot_bytes']:>14.0f} | {r['rollback_ms']:>11.1f} | {r['rescan_ms']:>9.1f}")
-    print(f"\nresume after SIGKILL ({resume['committed_steps']} committed steps, {resume['log_events']} events, "
-          f"1,000 files, 5 files half-written): {resume['resume_ms_fork']:.1f} ms in-process (fork), "
-          f"{resume['resume_ms_process']:.1f} ms as a new worker process")
-    print("(10-file change per step; medians; step overhead = median commit-to-commit time - model time - tool time)")
+    print(f"\nbench_agent  CPU: {cpu_model()} ({os.cpu_count()} cores; {isa()})")
+    if rows:
+        print(f"\n{'files':>7} | {'step overhead ms':>16} | {'snapshot ms':>11} | {'snapshot bytes':>14} | "
+              f"{'rollback ms':>11} | {'rescan ms':>9}")
+        print("-" * 85)
+        for r in rows:
+            print(f"{r['files']:>7} | {r['step_overhead_ms']:>16.1f} | {r['snapshot_ms']:>11.1f} | "
+                  f"{r['snapshot_bytes']:>14.0f} | {r['rollback_ms']:>11.1f} | {r['rescan_ms']:>9.1f}")
+        print(f"\nresume after SIGKILL ({resume['committed_steps']} committed steps, {resume['log_events']} events, "
+              f"1,000 files, 5 files half-written): {resume['resume_ms_fork']:.1f} ms in-process (fork), "
+              f"{resume['resume_ms_process']:.1f} ms as a new worker process")
+        print("(10-file change per step; medians; step overhead = median commit-to-commit time - model time - "
+              "tool time)")
+    if startup:
+        print_startup(startup, args.repeats)
 
 
 if __name__ == "__main__":

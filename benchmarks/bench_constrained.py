@@ -7,9 +7,12 @@ stdlib sources), then decodes `--batch` sequences at once through the engine: un
 same-run anchor), then with every sequence under the server's grammar for a flat two-tool schema
 (tool_choice "required"), for a rich one (a nested model by `$ref`, an Optional via `anyOf`, enums,
 bounded integers, a raw string with a pattern, an array with maxItems) and for `response_format`
-json_schema with the rich schema. The table reports decode time per step, the mean number of rows a
+json_schema with the rich schema, thinking off and on (the prompt opens the reasoning, the grammar holds
+from `</think>` on, and a thinking budget of a quarter of the tokens forces `</think>`: that row's grammar
+time includes the budget's). The table reports decode time per step, the mean number of rows a
 step decoded (a constrained sequence ends when its grammar is complete) and the time spent in
-llguidance (mask computation + application + advancing the matchers) as a share of decode.
+llguidance (mask computation + application + advancing the matchers) as a share of decode. Each run is
+repeated `--repeats` times and the repeat with the median share is reported (the machine may be shared).
 Target: < 15% at batch 8.
 """
 
@@ -60,25 +63,26 @@ RICH = {"$defs": {"City": CITY}, "type": "object",
 RICH_TOOLS = [{"type": "function", "function": {"name": "forecast", "parameters": RICH}}, FLAT_TOOLS[0]]
 
 
-def grammars(tokenizer) -> list[tuple[str, str]]:
-    """(row name, grammar) for each constrained run: the server's grammar for each request shape."""
+def grammars(tokenizer) -> list[tuple[str, str, bool]]:
+    """(row name, grammar, thinking) for each constrained run: the server's grammar for each request shape."""
     from openglm.server.protocol import ChatCompletionRequest
     from openglm.server.structured import request_grammar
 
     ask = [{"role": "user", "content": "x"}]
-    shapes = [("tool_choice=required, flat schema", dict(tools=FLAT_TOOLS, tool_choice="required")),
-              ("tool_choice=required, rich schema", dict(tools=RICH_TOOLS, tool_choice="required")),
-              ("response_format json_schema, rich", dict(response_format={
-                  "type": "json_schema", "json_schema": {"name": "forecast", "schema": RICH}}))]
-    return [(name, request_grammar(ChatCompletionRequest(messages=ask, **kw), tokenizer, thinking=False))
-            for name, kw in shapes]
+    rich_format = dict(response_format={"type": "json_schema", "json_schema": {"name": "forecast", "schema": RICH}})
+    shapes = [("tool_choice=required, flat schema", dict(tools=FLAT_TOOLS, tool_choice="required"), False),
+              ("tool_choice=required, rich schema", dict(tools=RICH_TOOLS, tool_choice="required"), False),
+              ("response_format json_schema, rich", rich_format, False),
+              ("response_format json_schema, rich, thinking on + budget", rich_format, True)]
+    return [(name, request_grammar(ChatCompletionRequest(messages=ask, **kw), tokenizer, thinking=thinking), thinking)
+            for name, kw, thinking in shapes]
 
 
 def run(engine, prompts, params) -> dict:
     """Decode all prompts together; time the steps and the grammar work inside them."""
     grammar_s = [0.0]
-    g = engine.grammar
-    mask, advance = g.apply_masks, g.advance
+    g, budget = engine.grammar, engine.thinking
+    mask, advance, force = g.apply_masks, g.advance, budget.apply
 
     def timed(fn):
         def wrapper(*a, **k):
@@ -89,7 +93,7 @@ def run(engine, prompts, params) -> dict:
                 grammar_s[0] += time.perf_counter() - t
         return wrapper
 
-    g.apply_masks, g.advance = timed(mask), timed(advance)
+    g.apply_masks, g.advance, budget.apply = timed(mask), timed(advance), timed(force)
     try:
         for p in prompts:
             engine.add_request(p, params)
@@ -103,10 +107,16 @@ def run(engine, prompts, params) -> dict:
             steps += 1
         wall = time.perf_counter() - t0
     finally:
-        g.apply_masks, g.advance = mask, advance
+        g.apply_masks, g.advance, budget.apply = mask, advance, force
     return {"steps": steps, "rows_per_step": rows / max(steps, 1), "ms_per_step": 1000 * wall / max(steps, 1),
             "grammar_ms_per_step": 1000 * grammar_s[0] / max(steps, 1),
             "grammar_share": grammar_s[0] / wall if wall else 0.0}
+
+
+def median(engine, prompts, params, repeats: int, key: str) -> dict:
+    """The run (of `repeats`) with the median `key`: one run's figures, less exposed to a busy moment."""
+    runs = sorted((run(engine, prompts, params) for _ in range(max(repeats, 1))), key=lambda r: r[key])
+    return runs[len(runs) // 2]
 
 
 def _all_decoding(engine) -> bool:
@@ -123,6 +133,7 @@ def main() -> None:
     ap.add_argument("--corpus-mb", type=float, default=0.0, help="train the tokenizer on this many MB of the "
                     "Python stdlib instead of a few files (default 0: the few files), for large vocabularies")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each row; the median-share one is reported")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -137,18 +148,23 @@ def main() -> None:
         engine = LLMEngine.from_pretrained(ckpt, EngineConfig(max_num_seqs=max(args.batch, 8)))
         tok = engine.tokenizer
         vocab = tok.vocab_size  # what BPE training reached (at most --vocab)
-        prompts = [tok.apply_chat_template([{"role": "user", "content": f"task {i}: list the files"}], tokenize=True,
-                                           enable_thinking=False) for i in range(args.batch)]
+        prompts = {thinking: [tok.apply_chat_template([{"role": "user", "content": f"task {i}: list the files"}],
+                                                      tokenize=True, enable_thinking=thinking)
+                              for i in range(args.batch)] for thinking in (False, True)}
         stops = tok.stop_ids
         base = dict(max_tokens=args.tokens, temperature=1.0, seed=0, stop_token_ids=stops)
-        rows = [("unconstrained (anchor)", run(engine, prompts, SamplingParams(**base, ignore_eos=True)))]
-        for name, grammar in grammars(tok):
-            rows.append((name, run(engine, prompts, SamplingParams(**base, grammar=grammar))))
+        think = dict(thinking_budget=args.tokens // 4, think_ids=(tok.marker_id("<think>"), tok.marker_id("</think>")))
+        rows = [("unconstrained (anchor)", median(engine, prompts[False], SamplingParams(**base, ignore_eos=True),
+                                                  args.repeats, "ms_per_step"))]
+        for name, grammar, thinking in grammars(tok):
+            params = SamplingParams(**base, grammar=grammar, **(think if thinking else {}))
+            rows.append((name, median(engine, prompts[thinking], params, args.repeats, "grammar_share")))
     if args.json:
         print(json.dumps({"cpu": cpu_model(), "batch": args.batch, "preset": args.preset, "vocab": vocab,
                           "runs": {name: r for name, r in rows}}, indent=2))
         return
-    print(f"CPU: {cpu_model()}  threads={args.threads}  preset={args.preset}  vocab={vocab}  batch={args.batch}")
+    print(f"CPU: {cpu_model()}  threads={args.threads}  preset={args.preset}  vocab={vocab}  batch={args.batch}  "
+          f"repeats={args.repeats} (median)")
     print("| run | decode steps | rows/step | ms/step | llguidance ms/step | llguidance share of decode |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, r in rows:

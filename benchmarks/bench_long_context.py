@@ -1,14 +1,17 @@
 """Long context in the model: speed and memory of DSA against dense attention, and the quality of the kinds.
 
 `speed` (the default): the `small` preset (max positions raised to fit), fp32 (or --dtype bf16), batch 1, random
-token ids, the
-same weights in DSA mode (its `index_topk` 128) and with dense causal attention in every layer. Per length
-(16K, 32K, 64K): the prefill's time (one forward that fills a DynamicCache, logits of the last position only)
-and the process's peak RSS, then the median decode step with that cache. Each case runs in its own
-subprocess (peak RSS from ru_maxrss); DSA's cases first, then dense's, longest last.
+token ids, the same weights in DSA mode (`dsa`: its `index_topk` 128) and with dense causal attention in every
+layer (`dense`); and GLM-5.3-Flash's hybrid at the small preset's width (`hybrid`: glm5_next, 8 layers in the
+published mix, three KDA linear-attention layers to one pooled-DSA layer, 4 hyper-connection streams; `HYBRID`)
+against the same model with dense attention in every layer (`hybrid-dense`). Per length (16K, 32K, 64K): the
+prefill's time (one forward that fills the cache, logits of the last position only), the process's peak RSS and
+the cache's size after it (the hybrid's: DSA latents and index keys per token, plus the fixed KDA state), then
+the median decode step with that cache. Each case runs in its own subprocess (peak RSS from ru_maxrss); modes in
+order, longest last.
 
     flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_long_context.py [--lengths 16384,32768,65536]
-        [--modes dsa,dense] [--dtype fp32] [--decode-steps 16] [--threads 1] [--json]
+        [--modes dsa,dense,hybrid,hybrid-dense] [--dtype fp32] [--decode-steps 16] [--threads 1] [--json]
 
 `quality`: train the `small` preset with dense, local+global+random and DSA attention. Same data, same steps,
 same seed; sequence length 2048. Reports the validation loss of each run (and its ratio to dense: the
@@ -158,6 +161,22 @@ def quality_main(argv) -> None:
 MiB = 1 << 20
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # torch dtype names: torch is imported in the case subprocess
 LENGTHS = (16384, 32768, 65536)
+# glm5_next at the `small` preset's width: 8 layers, every fourth an indexed (NoPE MLA + pooled DSA, top-128 in
+# groups of 4) layer and the others KDA (8 heads x 64: KDA width twice the hidden size, as GLM-5.3-Flash's 64 x 128
+# to 4096), 4 hyper-connection streams, SwiGLU clamp 10, the small preset's MoE.
+HYBRID = dict(model_type="glm5_next", vocab_size=8192, hidden_size=256, intermediate_size=768,
+              moe_intermediate_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=4,
+              q_lora_rank=128, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=0, v_head_dim=32,
+              n_routed_experts=16, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+              first_k_dense_replace=1, routed_scaling_factor=1.0, index_topk=128, index_head_dim=32, index_n_heads=4,
+              index_kpool=4, layer_types=["indexed_attention" if i % 4 == 3 else "linear_attention" for i in range(8)],
+              indexer_types=["full"] * 8, linear_num_heads=8, linear_head_dim=64, linear_conv_kernel_dim=4,
+              linear_lower_bound=-5.0, hc_mult=4, hc_sinkhorn_iters=20, swiglu_limit=10.0, bos_token_id=1,
+              eos_token_id=2, pad_token_id=0)
+PAIRS = {"dsa": "dense", "hybrid": "hybrid-dense"}  # mode -> its all-dense twin
+TITLES = {"dsa": "small preset (6 layers, 4 of them with their own indexer); DSA top-128 vs dense causal",
+          "hybrid": "glm5_next at small width (8 layers: 6 KDA + 2 pooled-DSA top-128, 4 streams) vs the same with "
+                    "every layer dense MLA"}
 
 
 def peak_mib() -> float:
@@ -178,25 +197,46 @@ def cpu_description() -> tuple[str, str]:
     return model or platform.processor() or platform.machine(), " ".join(isa) or "none of AMX / AVX-512 / AVX2"
 
 
+def speed_model(mode: str, n: int, decode_steps: int):
+    """(model, empty cache) of a mode, positions for n + decode_steps tokens, seed 0."""
+    import torch
+    from openglm.model import DynamicCache, ModelConfig, build_model
+    if mode in ("dsa", "dense"):
+        cfg = ModelConfig.from_preset("small", max_position_embeddings=n + decode_steps + 2)
+    else:
+        cfg = ModelConfig(**HYBRID, max_position_embeddings=n + decode_steps + 2)
+    if mode == "dense":
+        cfg = cfg.replace(attention_kinds=["dense"] * cfg.num_hidden_layers)
+    elif mode == "hybrid-dense":
+        cfg = cfg.replace(layer_types=["indexed_attention"] * cfg.num_hidden_layers,
+                          attention_kinds=["dense"] * cfg.num_hidden_layers)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    return model, (model.new_cache() if hasattr(model, "new_cache") else DynamicCache())
+
+
+def cache_mib(cache) -> float:
+    """The cache's entries (the filled part) plus any fixed linear-attention state, in MiB."""
+    entries = sum(t.numel() * t.element_size() for layer in cache.layers.values() for t in layer.values())
+    return (entries + getattr(cache, "state_bytes", 0)) / MiB
+
+
 def speed_case(mode: str, n: int, decode_steps: int, threads: int, dtype: str = "fp32") -> dict:
     """Runs inside the subprocess: build the model, prefill n tokens into a cache, time decode steps."""
     import torch
     torch.set_num_threads(threads)
-    from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig
     from openglm.model.native import dsa_kernels
-    cfg = ModelConfig.from_preset("small", max_position_embeddings=n + decode_steps + 2)
-    if mode == "dense":
-        cfg = cfg.replace(attention_kinds=["dense"] * cfg.num_hidden_layers)
-    torch.manual_seed(0)
-    model = GlmMoeDsaForCausalLM(cfg).eval().to(getattr(torch, DTYPES[dtype]))
-    ids = torch.randint(3, cfg.vocab_size, (1, n + decode_steps + 1), generator=torch.Generator().manual_seed(1))
+    model, cache = speed_model(mode, n, decode_steps)
+    model = model.to(getattr(torch, DTYPES[dtype]))
+    vocab = model.config.vocab_size
+    ids = torch.randint(3, vocab, (1, n + decode_steps + 1), generator=torch.Generator().manual_seed(1))
     base = peak_mib()
-    cache = DynamicCache()
     with torch.no_grad():
         t0 = time.perf_counter()
         model.logits(model.hidden_states(ids[:, :n], cache=cache, last=1))
         prefill_s = time.perf_counter() - t0
         peak = peak_mib()
+        size = cache_mib(cache)
         steps = []
         for i in range(decode_steps + 1):  # the first step is a warm-up
             t0 = time.perf_counter()
@@ -204,7 +244,7 @@ def speed_case(mode: str, n: int, decode_steps: int, threads: int, dtype: str = 
             steps.append(time.perf_counter() - t0)
     native = dsa_kernels() is not None
     return dict(mode=mode, n=n, prefill_s=round(prefill_s, 2), peak_mib=round(peak, 1), base_mib=round(base, 1),
-                decode_ms=round(1000 * statistics.median(steps[1:]), 2), native=native)
+                cache_mib=round(size, 1), decode_ms=round(1000 * statistics.median(steps[1:]), 2), native=native)
 
 
 def run_speed_case(mode: str, n: int, args) -> dict:
@@ -221,34 +261,37 @@ def run_speed_case(mode: str, n: int, args) -> dict:
 
 def print_speed_table(rows: list[dict], threads: int, dtype: str) -> None:
     model, isa = cpu_description()
-    print(f"CPU: {model}; ISA: {isa}; {threads} torch thread(s)")
-    print(f"small preset (6 layers, 4 of them with their own indexer), {dtype}, batch 1; DSA top-128 vs dense causal")
-    print(f"{'mode':<6} {'N':>6} {'prefill s':>10} {'peak MiB':>9} {'decode ms':>10} "
-          f"{'dense/dsa time':>14} {'dsa/dense peak':>14} {'decode vs 16K':>13}")
+    print(f"CPU: {model}; ISA: {isa}; {threads} torch thread(s); {dtype}, batch 1")
     by = {(r["mode"], r["n"]): r for r in rows}
-    first = min(r["n"] for r in rows)
-    for r in rows:
-        if "note" in r:
-            print(f"{r['mode']:<6} {r['n']:>6}  {r['note']}")
-            continue
-        other = by.get(("dense" if r["mode"] == "dsa" else "dsa", r["n"]))
-        speed = peak = "-"
-        if r["mode"] == "dsa" and other and "note" not in other:
-            speed = f"{other['prefill_s'] / r['prefill_s']:.2f}x"
-            peak = f"{r['peak_mib'] / other['peak_mib']:.2f}x"
-        ref = by.get((r["mode"], first))
-        growth = f"{r['decode_ms'] / ref['decode_ms']:.2f}x" if ref and "note" not in ref else "-"
-        print(f"{r['mode']:<6} {r['n']:>6} {r['prefill_s']:>10.2f} {r['peak_mib']:>9.1f} {r['decode_ms']:>10.2f} "
-              f"{speed:>14} {peak:>14} {growth:>13}")
+    twin_of = {**PAIRS, **{dense: sparse for sparse, dense in PAIRS.items()}}
+    for family in [f for f in PAIRS if any(r["mode"] in (f, PAIRS[f]) for r in rows)]:
+        print(TITLES[family])
+        print(f"{'mode':<12} {'N':>6} {'prefill s':>10} {'peak MiB':>9} {'cache MiB':>9} {'decode ms':>10} "
+              f"{'dense/this time':>15} {'this/dense peak':>15} {'decode vs first N':>17}")
+        for r in (r for r in rows if r["mode"] in (family, PAIRS[family])):
+            if "note" in r:
+                print(f"{r['mode']:<12} {r['n']:>6}  {r['note']}")
+                continue
+            other = by.get((twin_of[r["mode"]], r["n"]))
+            speed = peak = "-"
+            if r["mode"] == family and other and "note" not in other:
+                speed = f"{other['prefill_s'] / r['prefill_s']:.2f}x"
+                peak = f"{r['peak_mib'] / other['peak_mib']:.2f}x"
+            first = min(x["n"] for x in rows if x["mode"] == r["mode"] and "note" not in x)
+            ref = by[(r["mode"], first)]
+            growth = f"{r['decode_ms'] / ref['decode_ms']:.2f}x"
+            print(f"{r['mode']:<12} {r['n']:>6} {r['prefill_s']:>10.2f} {r['peak_mib']:>9.1f} {r['cache_mib']:>9.1f} "
+                  f"{r['decode_ms']:>10.2f} {speed:>15} {peak:>15} {growth:>17}")
     native = {r.get("native") for r in rows if "note" not in r}
     print("DSA kernels: " + ("native (dsa_kernels.c)" if native == {True} else "torch ops" if native == {False}
-                             else "mixed"))
+                             else "mixed") + " (GLM-5's DSA; glm5_next's pooled selection and KDA run torch ops)")
 
 
 def speed_main(argv) -> None:
     ap = argparse.ArgumentParser(prog="bench_long_context.py", description="the model's long-context speed and memory")
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="prompt lengths in tokens (default %(default)s)")
-    ap.add_argument("--modes", default="dsa,dense", help="attention modes to run, of dsa,dense (default %(default)s)")
+    ap.add_argument("--modes", default="dsa,dense",
+                    help="modes to run, of dsa,dense,hybrid,hybrid-dense (default %(default)s)")
     ap.add_argument("--decode-steps", type=int, default=16, help="timed decode steps after each prefill (default 16)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="model dtype (default %(default)s)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")

@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "openglm.agent.cli",  # task, agent-server, worker
     "openglm.swe.cli",  # localize, verify, bisect, swe-eval, swe-gen
     "openglm.retrieval.cli",  # index
+    "openglm.doctor.cli",  # doctor
 ]
 
 

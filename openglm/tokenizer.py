@@ -16,6 +16,10 @@ assistant turn ends at eos or the next speaker's role token: `stop_ids` holds eo
 
 Chat templates come from checkpoints, i.e. from strangers: they render in Jinja's immutable sandbox
 (no attribute access to Python internals, no mutation of the messages), compiled once per template.
+A render is bounded (`RenderBudget`): its seconds, all renders of one request together (checked at the template's
+operations; the server's worker processes also arm a timer, which stops a loop that calls nothing), the characters
+it writes (`max_chars`), and the size of what one operation makes (`'x' * 10**10`, a padding width, a power,
+`range(10**9)`): over any of them, rendering stops with a `TemplateLimitError` naming the limit.
 `apply_chat_template(tokenize=True)` gives the token ids of exactly the text `tokenize=False` renders,
 with control tokens (added tokens: role tokens, markers) only where the template writes them: text
 from the conversation (any message field, tool-call arguments, the tools) that spells a control token
@@ -34,6 +38,9 @@ import functools
 import json
 import os
 import re
+import string
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -122,6 +129,64 @@ PLACEHOLDER_POOL = range(0x100000, 0x10FFFE)  # Supplementary Private Use Area-B
 
 class TokenizerError(ValueError):
     """Bad tokenizer input: vocabulary too small, missing files, empty training data, bad messages."""
+
+
+class TemplateLimitError(TokenizerError):
+    """A chat template went over its render budget: time, output size, or the size of one operation's result."""
+
+
+DEFAULT_MAX_RENDER_CHARS = 1 << 26  # a render's output (and any string or list one operation makes), in characters
+MAX_JSON_INDENT = 16
+
+
+@dataclass
+class RenderBudget:
+    """What one request's renders of a chat template may cost: `seconds` of rendering (all its renders together;
+    None: unbounded) and `max_chars` characters of output per render. `admit(text)` sees the rendered text before
+    it is tokenised (a caller refuses there what cannot fit); `start`/`stop` bracket each render (the server's
+    worker processes arm a timer there)."""
+
+    seconds: float | None = None
+    max_chars: int = DEFAULT_MAX_RENDER_CHARS
+    used: float = 0.0  # seconds spent so far
+    _started: float = 0.0
+
+    def admit(self, text: str) -> None:
+        """Refuse (raise) a rendered prompt before it is tokenised; the default admits everything."""
+
+    def start(self) -> None:
+        self._started = time.monotonic()
+
+    def stop(self) -> None:
+        self.used += time.monotonic() - self._started
+
+    def check(self) -> None:
+        if self.seconds is not None and self.used + time.monotonic() - self._started > self.seconds:
+            raise self.timed_out()
+
+    def timed_out(self) -> TemplateLimitError:
+        return TemplateLimitError(f"the chat template ran longer than its limit of {self.seconds:g} s")
+
+    def too_large(self, what: str) -> TemplateLimitError:
+        return TemplateLimitError(f"the chat template made {what} larger than its limit of {self.max_chars} "
+                                  f"characters")
+
+
+def tokenizer_folder(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike | None = None) -> Path:
+    """Where the tokenizer of `checkpoint` is: `tokenizer` when given (a folder or its tokenizer.json), else the
+    checkpoint folder itself; TokenizerError naming `--tokenizer` when that folder has none (weights saved alone)."""
+    if tokenizer is not None:
+        p = Path(tokenizer)
+        folder = p.parent if p.is_file() else p
+        if not (folder / "tokenizer.json").is_file():
+            raise TokenizerError(f"--tokenizer {tokenizer}: no tokenizer.json there")
+        return folder
+    folder = Path(checkpoint)
+    if not (folder / "tokenizer.json").is_file():
+        raise TokenizerError(f"{folder} has no tokenizer (tokenizer.json): pass --tokenizer PATH, a folder that holds "
+                             "one (e.g. the checkpoint it was trained or converted from), or save the weights with "
+                             "their tokenizer: save_pretrained(model, path, tokenizer=...)")
+    return folder
 
 
 def min_vocab_size() -> int:
@@ -263,6 +328,14 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters of text one token can stand for: a text of c characters has at least
+        c / max_token_chars tokens (a byte-level vocabulary entry is at least as long as the text it decodes to;
+        a normalizer may fold a few characters into one, hence the margin when there is one)."""
+        longest = max((len(t) for t in self.hf.get_vocab(with_added_tokens=True)), default=1)
+        return max(1, longest) * (4 if self.hf.normalizer is not None else 1)
+
     def __len__(self) -> int:
         return self.vocab_size
 
@@ -285,22 +358,24 @@ class Tokenizer:
     # ---- chat
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
                             add_generation_prompt: bool = True, tokenize: bool = False,
-                            **template_kwargs) -> str | list[int]:
+                            budget: RenderBudget | None = None, **template_kwargs) -> str | list[int]:
         """Render `messages` (OpenAI chat messages, whole) and `tools` with the chat template.
 
         `template_kwargs` reach the template (GLM's `enable_thinking`, `clear_thinking`). With
         `tokenize=True` returns the token ids of that text in which conversation text never becomes a
-        control token (see the module docstring).
+        control token (see the module docstring). `budget` bounds the renders (default: output size only).
         """
         msgs = _template_messages(messages)
+        budget = budget or RenderBudget()
 
         def render(swap=None) -> str:
             m, t = (msgs, tools) if swap is None else (_rebuild(msgs, swap), _rebuild(tools, swap))
-            return _render(self.chat_template, m, t, add_generation_prompt, self._specials(), template_kwargs)
+            return _render(self.chat_template, m, t, add_generation_prompt, self._specials(), template_kwargs, budget)
 
         text = render()
         if not tokenize:
             return text
+        budget.admit(text)
         return self._template_tokens(text, render, msgs, tools)
 
     def _template_tokens(self, text: str, render, msgs, tools) -> list[int]:
@@ -340,18 +415,21 @@ class Tokenizer:
 
     # ---- files
     def save(self, out_dir: str | os.PathLike) -> Path:
-        """Write tokenizer.json, tokenizer_config.json, special_tokens_map.json and chat_template.jinja."""
+        """Write tokenizer.json, tokenizer_config.json, special_tokens_map.json and chat_template.jinja. A tokenizer
+        loaded from a checkpoint keeps that checkpoint's tokenizer_config.json entries (its eos, pad, class); the
+        template is written to chat_template.jinja only, so the two can never disagree."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        specials = {"bos_token": SOP, "eos_token": EOS, "pad_token": PAD}
         config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
-            **specials,
+            "bos_token": SOP, "eos_token": EOS, "pad_token": PAD,
             "additional_special_tokens": [GMASK] + [f"<|{r}|>" for r in ROLES],
-            "model_max_length": self.model_max_length,
             "clean_up_tokenization_spaces": False,
+            **{k: v for k, v in self.config.items() if k != "chat_template"},
+            "model_max_length": self.model_max_length,
         }
-        special_map = {**specials, "additional_special_tokens": config["additional_special_tokens"]}
+        special_map = {k: config[k] for k in ("bos_token", "eos_token", "pad_token", "additional_special_tokens")
+                       if config.get(k) is not None}
         write_atomic(out / "tokenizer.json", self.hf.to_str())
         write_atomic(out / "tokenizer_config.json", json.dumps(config, indent=2))
         write_atomic(out / "special_tokens_map.json", json.dumps(special_map, indent=2))
@@ -457,27 +535,57 @@ def _inert(found: list, unchanged) -> set:
     return chosen | {o for group in queue for o in group}
 
 
-def _render(template: str, messages, tools, add_generation_prompt, specials, kwargs) -> str:
+_RENDERING = threading.local()  # the budget of the render running in this thread (the sandbox's hooks read it)
+
+
+def _budget() -> RenderBudget:
+    return getattr(_RENDERING, "budget", None) or RenderBudget()
+
+
+def _render(template: str, messages, tools, add_generation_prompt, specials, kwargs, budget: RenderBudget) -> str:
     import jinja2  # only to render a chat template
 
+    chunks, size = [], 0
+    _RENDERING.budget = budget
+    budget.start()
     try:
-        return compile_template(template).render(messages=messages, tools=tools or None,
-                                                 add_generation_prompt=add_generation_prompt,
-                                                 **{**specials, **kwargs})
+        for chunk in compile_template(template).generate(messages=messages, tools=tools or None,
+                                                         add_generation_prompt=add_generation_prompt,
+                                                         **{**specials, **kwargs}):
+            size += len(chunk)
+            if size > budget.max_chars:
+                raise budget.too_large("an output")
+            chunks.append(chunk)
+            budget.check()
     except jinja2.TemplateError as exc:  # SecurityError included: a template reaching for internals
         raise TokenizerError(f"the chat template failed: {exc}") from None
+    except OverflowError as exc:  # the sandbox's range() over its size limit, or an int too large for a float
+        raise TemplateLimitError(f"the chat template went over a limit: {exc}") from None
+    except RecursionError:
+        raise TemplateLimitError("the chat template recursed too deeply") from None
+    except MemoryError:
+        raise TemplateLimitError("the chat template ran out of memory") from None
+    except TokenizerError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a template's own runtime error (1/0, a bad format string): one line
+        raise TokenizerError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        budget.stop()
+        _RENDERING.budget = None
+    return "".join(chunks)
 
 
 @functools.lru_cache(maxsize=8)
 def compile_template(template: str):
     """Compile a chat template once, in Jinja's immutable sandbox (as transformers renders, minus its
-    access to Python internals)."""
+    access to Python internals), with the render budget's checks on its operations."""
     import jinja2  # only to render a chat template
-    from jinja2.sandbox import ImmutableSandboxedEnvironment  # (as above)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = _budgeted_sandbox()(trim_blocks=True, lstrip_blocks=True)
     env.policies["json.dumps_kwargs"] = {"ensure_ascii": False, "sort_keys": False}
     env.filters["tojson"] = _tojson
+    for name in ("center", "indent", "format", "replace", "join", "wordwrap"):
+        env.filters[name] = _bounded_filter(env.filters[name])
     env.globals["raise_exception"] = _raise_template_error
     env.globals["strftime_now"] = _strftime_now
     try:
@@ -486,8 +594,122 @@ def compile_template(template: str):
         raise TokenizerError(f"the chat template does not compile: {exc}") from None
 
 
+@functools.cache
+def _budgeted_sandbox():
+    """Jinja's immutable sandbox whose every call, attribute and item access and arithmetic operator checks the
+    render budget (time), and refuses an operation whose result would exceed its size before computing it."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # only to render a chat template
+
+    class BudgetedSandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**", "%"})
+
+        def call_binop(self, context, operator, left, right):
+            budget = _budget()
+            budget.check()
+            if operator == "*":
+                for seq, times in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(times, int) \
+                            and len(seq) * times > budget.max_chars:
+                        raise budget.too_large("a repeated string or list")
+            elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 \
+                    and right * abs(left).bit_length() > 1 << 16:
+                raise budget.too_large("a power")
+            elif operator == "%" and isinstance(left, str):
+                _check_widths(budget, _printf_widths(left))
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's own signature
+            budget = _budget()
+            budget.check()
+            _check_call(budget, __obj, args, kwargs)
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def getattr(self, obj, attribute):
+            _budget().check()
+            return super().getattr(obj, attribute)
+
+        def getitem(self, obj, argument):
+            _budget().check()
+            return super().getitem(obj, argument)
+
+    return BudgetedSandbox
+
+
+PRINTF_WIDTHS = re.compile(r"%[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?")
+
+
+def _check_widths(budget: RenderBudget, parts: list[str]) -> None:
+    """Refuse printf/format widths or precisions that would pad beyond the budget ('*': taken from the arguments)."""
+    for part in parts:
+        if part == "*" or (part.isdigit() and int(part) > budget.max_chars):
+            raise budget.too_large("a padded string")
+
+
+def _printf_widths(text: str) -> list[str]:
+    return [w for pair in PRINTF_WIDTHS.findall(text) for w in pair]
+
+
+def _check_call(budget: RenderBudget, fn, args, kwargs) -> None:
+    """Refuse a str method call whose result would exceed the budget (padding, tabs, replace, join, format)."""
+    fn = getattr(fn, "__wrapped__", fn)  # the sandbox wraps str.format
+    text, name = getattr(fn, "__self__", None), getattr(fn, "__name__", "")
+    if not isinstance(text, str):
+        return
+    if name in ("ljust", "rjust", "center", "zfill") and args and isinstance(args[0], int):
+        size = args[0]
+    elif name == "expandtabs":
+        tab = args[0] if args and isinstance(args[0], int) else kwargs.get("tabsize", 8)
+        size = len(text) + text.count("\t") * (tab if isinstance(tab, int) else 8)
+    elif name == "replace" and len(args) >= 2 and all(isinstance(a, str) for a in args[:2]):
+        size = len(text) + (len(text) + 1) * max(0, len(args[1]) - len(args[0]))
+    elif name == "join" and args and isinstance(args[0], (list, tuple)):
+        size = sum(len(x) if isinstance(x, str) else 0 for x in args[0]) + len(text) * len(args[0])
+    elif name in ("format", "format_map"):
+        try:
+            specs = [spec or "" for _, _, spec, _ in string.Formatter().parse(text)]
+        except ValueError:
+            return  # a malformed format string: str.format itself says so
+        _check_widths(budget, [d for spec in specs for d in re.findall(r"\d+", spec)])
+        return
+    else:
+        return
+    if size > budget.max_chars:
+        raise budget.too_large(f"a string ({name})")
+
+
+def _bounded_filter(fn):
+    """A Jinja filter refused before it runs when its result would exceed the render budget."""
+    skip = 1 if getattr(fn, "jinja_pass_arg", None) is not None else 0  # an environment / context first
+
+    @functools.wraps(fn)
+    def bounded(*args, **kwargs):
+        budget = _budget()
+        budget.check()
+        value, rest = (args[skip], args[skip + 1:]) if len(args) > skip else (None, ())
+        name = fn.__name__.removeprefix("do_")
+        if name == "format" and isinstance(value, str):
+            _check_widths(budget, _printf_widths(value))
+        elif name in ("center", "indent", "wordwrap"):
+            width = rest[0] if rest else kwargs.get("width", 0)
+            lines = value.count("\n") + 1 if isinstance(value, str) else 1
+            if (len(width) if isinstance(width, str) else width if isinstance(width, int) else 0) * lines \
+                    > budget.max_chars:
+                raise budget.too_large(f"a string ({name})")
+        elif name in ("replace", "join"):
+            method = getattr(value if name == "replace" else (rest[0] if rest else kwargs.get("d", "")), name, None)
+            if isinstance(value, str) and name == "replace" and method is not None:
+                _check_call(budget, method, rest[:2], {})
+            elif name == "join" and isinstance(value, (list, tuple)) and method is not None:
+                _check_call(budget, method, (value,), {})
+        return fn(*args, **kwargs)
+
+    return bounded
+
+
 def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None, sort_keys: bool = False) -> str:
     # transformers' tojson: plain json.dumps (Jinja's own escapes <, >, & for HTML)
+    if indent is not None and (len(indent) if isinstance(indent, str) else indent) > MAX_JSON_INDENT:
+        raise TemplateLimitError(f"the chat template asked tojson for an indent over {MAX_JSON_INDENT}")
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 

@@ -9,6 +9,7 @@ import socket
 from urllib.parse import urlsplit, urlunsplit
 
 from openglm.agent.config import AgentConfig
+from openglm.util.sandbox import status as sandbox_status
 
 
 def base_url(host: str, port: int) -> str:
@@ -40,8 +41,8 @@ def _model(config: AgentConfig) -> str:
 def _auth(host: str, token: str | None, view_token: str | None) -> str:
     if token:
         return ("bearer token: every /v1 route needs `Authorization: Bearer <token>`"
-                + ("; the read-only --view-token may use the GET routes" if view_token else ""))
-    return "none: loopback only, anyone on this machine may use it (--token requires a key)"
+                + ("; the read-only view token may use the GET routes" if view_token else ""))
+    return "none: loopback only, anyone on this machine may use it (--token-file requires a key)"
 
 
 def banner(config: AgentConfig, host: str, port: int, workers: int, token: str | None, view_token: str | None,
@@ -50,7 +51,7 @@ def banner(config: AgentConfig, host: str, port: int, workers: int, token: str |
     where = f" (listening on all interfaces, {host or '*'}:{port})" if host in ("0.0.0.0", "::", "") else ""
     store = _store_url(config)
     lines = [f"openglm agent-server: {url}{where}; Ctrl+C stops it",
-             f"  dashboard  {url}/ui/" + ("#token=<your --token> (once: the tab keeps it)" if token else ""),
+             f"  dashboard  {url}/ui/" + ("#token=<your token> (once: the tab keeps it)" if token else ""),
              f"  task API   {url}/v1/tasks  (openglm task ... --server {url}, or OPENGLM_AGENT_URL)",
              "  store      " + (f"{store} (Redis)" if "://" in store else f"{os.path.abspath(store)} (SQLite)"),
              f"  data dir   {os.path.abspath(config.data_dir)}",
@@ -58,6 +59,7 @@ def banner(config: AgentConfig, host: str, port: int, workers: int, token: str |
                                 f"none embedded (API only: start `openglm worker --store {store}`)"),
              f"  model      {_model(config)}",
              f"  auth       {_auth(host, token, view_token)}",
+             f"  sandbox    {sandbox_status(config.sandbox)}",
              f"  log level  {log_level}" + (": one line per request (--log-level warning hides them)"
                                             if log_level in ("info", "debug") else ": requests are not logged")]
     return "\n".join(lines)

@@ -62,8 +62,31 @@ def _config_args(p):
 def _load_config(args):
     from openglm.agent.config import AgentConfig  # (as above)
 
-    return AgentConfig.load(args.config, data_dir=args.data_dir, store=args.store, model=model_spec_from_args(args),
-                            lease_ttl=args.lease_ttl)
+    config = AgentConfig.load(args.config, data_dir=args.data_dir, store=args.store, model=model_spec_from_args(args),
+                              lease_ttl=args.lease_ttl)
+    config.workspace_roots += getattr(args, "workspace_root", None) or []
+    config.public_names += getattr(args, "public_name", None) or []
+    if getattr(args, "unsafe_no_sandbox", False):
+        config.sandbox.enabled = False
+    return config
+
+
+def _sandbox_flag(p) -> None:
+    p.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="run tasks' commands unconfined, as this server's user (only for trusted tasks; without it, "
+                        "where bubblewrap cannot run, commands are refused)")
+
+
+def _tokens(args) -> tuple[str | None, str | None]:
+    """The bearer tokens from --token-file / --view-token-file or the environment (never argv)."""
+    from openglm.util.auth import read_token  # (as above)
+
+    for flag, given in (("--token", args.token), ("--view-token", args.view_token)):
+        if given is not None:
+            raise ValueError(f"{flag} on the command line is visible to every user of this machine (ps): put it in a "
+                             f"file and pass {flag}-file PATH, or set the environment variable")
+    return (read_token(args.token_file, "OPENGLM_AGENT_TOKEN", "--token-file"),
+            read_token(args.view_token_file, "OPENGLM_AGENT_VIEW_TOKEN", "--view-token-file"))
 
 
 def _client(args):
@@ -299,8 +322,10 @@ def cmd_agent_server(args):
         raise SystemExit(f"--replay {args.replay}: no such file (a JSONL of scripted assistant turns, "
                          "e.g. examples/turns.jsonl)")
     config = _load_config(args)
-    token = args.token or os.environ.get("OPENGLM_AGENT_TOKEN") or None
-    view_token = args.view_token or os.environ.get("OPENGLM_AGENT_VIEW_TOKEN") or None
+    try:
+        token, view_token = _tokens(args)
+    except ValueError as e:  # a token on the command line, an unreadable token file: one line
+        raise SystemExit(f"error: {e}") from None
 
     def announce(port: int) -> None:
         from openglm.agent.banner import banner  # (as above)
@@ -388,10 +413,20 @@ def register(subparsers):
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT}; 0: a free one, "
                                                                  "named in the start-up banner)")
     p.add_argument("--workers", type=int, default=1, help="embedded workers; 0 = API only (default %(default)s)")
-    p.add_argument("--token", default=None, help="bearer token (or OPENGLM_AGENT_TOKEN); required off loopback")
-    p.add_argument("--view-token", default=None,
-                   help="read-only bearer token (or OPENGLM_AGENT_VIEW_TOKEN): GET routes and the dashboard "
-                        "without its controls (default: none)")
+    p.add_argument("--token-file", metavar="PATH",
+                   help="file holding the bearer token (or $OPENGLM_AGENT_TOKEN); required off loopback")
+    p.add_argument("--view-token-file", metavar="PATH",
+                   help="file holding a read-only bearer token (or $OPENGLM_AGENT_VIEW_TOKEN): GET routes and the "
+                        "dashboard without its controls (default: none)")
+    p.add_argument("--token", help=argparse.SUPPRESS)  # refused with a pointer to --token-file
+    p.add_argument("--view-token", help=argparse.SUPPRESS)
+    p.add_argument("--workspace-root", action="append", metavar="DIR",
+                   help="a folder under which API clients may name a workspace or local repo (repeatable; the data "
+                        "dir always is one)")
+    p.add_argument("--public-name", action="append", metavar="NAME",
+                   help="a host name clients reach this server by, besides loopback's (repeatable; requests with "
+                        "another Host header are refused)")
+    _sandbox_flag(p)
     # what the server tells its operator
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="info: an access log line per request (default); warning: only problems")
@@ -399,6 +434,7 @@ def register(subparsers):
 
     p = subparsers.add_parser("worker", help="an extra worker for a shared store (e.g. redis://...)")
     _config_args(p)
+    _sandbox_flag(p)
     p.add_argument("--once", action="store_true", help="run one task, then exit")
     p.set_defaults(func=_reporting_store_errors(cmd_worker))
 

@@ -8,7 +8,11 @@ from pathlib import Path
 
 from openglm.agent.llm import ModelSpec
 from openglm.agent.snapshot import DEFAULT_IGNORE
+from openglm.util.sandbox import SandboxConfig
 from openglm.util.strict import check_keys
+
+# Where a task submitted over the API may clone a repository from, unless the config says otherwise.
+DEFAULT_CLONE_HOSTS = ["github.com", "gitlab.com", "bitbucket.org", "codeberg.org"]
 
 
 @dataclass
@@ -29,10 +33,19 @@ class AgentConfig:
     model_base_urls: list[str] = field(default_factory=list)
     replay_dirs: list[str] = field(default_factory=list)
     model_key_envs: list[str] = field(default_factory=lambda: ["OPENGLM_MODEL_API_KEY"])
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # how tasks' commands are confined
+    # what an API client may name: a `workspace` under the data dir or one of these roots (--workspace-root);
+    # a `repo` that is such a local path, or an https URL on one of `clone_hosts`
+    workspace_roots: list[str] = field(default_factory=list)
+    clone_hosts: list[str] = field(default_factory=lambda: list(DEFAULT_CLONE_HOSTS))
+    clone_timeout_s: float = 300.0  # a worker's `git clone` of a task's repo gives up after this
+    public_names: list[str] = field(default_factory=list)  # Host names the API answers besides loopback's
 
     def __post_init__(self):
         if isinstance(self.model, dict):
             self.model = ModelSpec.from_dict(self.model) if self.model else None
+        if isinstance(self.sandbox, dict):
+            self.sandbox = SandboxConfig.from_dict(self.sandbox)
 
     @property
     def store_url(self) -> str:

@@ -83,7 +83,7 @@ class TaskRun:
         self.state = rebuild(self.policy.initial_messages(self.task), self.store.all_events(self.task.id))
         resumed = self.state.step >= 0
         self._append([("run_started", self.state.next_step, {"worker": self.worker, "resumed": resumed,
-                                                             "limits": self.toolbox.limiter.describe()})],
+                                                             "limits": self.toolbox.describe()})],
                      {"started_at": self.task.started_at or time.time()})
         if resumed:
             self.snapshots.restore(self.state.snapshot)  # drop whatever the interrupted step left behind

@@ -1,11 +1,12 @@
 """Process groups of the commands a run starts, and the pid file that outlives a killed worker.
 
-A shell command runs in its own process group, under the confinement launcher (`confine.py`:
-a cgroup v2 or a subreaper, killed with the worker). While it runs, the task's `running.pgid`
-records the group id with the host, the boot id and the process's start time: a worker that
-resumes the task after its predecessor was SIGKILLed signals that group only if all of them
-match (on a shared filesystem the record may come from another machine, or from before a reboot,
-and the number may since belong to an unrelated process).
+A shell command runs in its own process group, in the task's sandbox (bubblewrap; unsandboxed, the
+reaper launcher), killed with the worker. While it runs, the task's `running.pgid` records the group
+id (bwrap's pid) and the init of the command's pid namespace, each with the host, the boot id and the
+process's start time: a worker that resumes the task after its predecessor was SIGKILLed signals them
+only if all of them match (on a shared filesystem the record may come from another machine, or from
+before a reboot, and the number may since belong to an unrelated process), and waits until the
+namespace is empty before it restores the workspace.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import os
 import socket
 import sys
 
+from openglm.util.files import write_atomic
 from openglm.util.proc import start_time, stop_group
+from openglm.util.sandbox import is_sandbox_cgroup, kill_cgroup, kill_namespace
 
 
 def running_pidfile(task_dir) -> str:
@@ -26,6 +29,12 @@ def running_pidfile(task_dir) -> str:
 def live_output_file(task_dir) -> str:
     """Where the running command's output appears as it is produced (the dashboard streams it)."""
     return os.path.join(task_dir, "running.out")
+
+
+def record_init(pidfile, pid: int, init: tuple[int, int], cgroups=()) -> None:
+    """Add the sandbox's init, (pid, start time), to the running command's record (a resuming worker then
+    kills its namespace and waits until it is empty)."""
+    write_atomic(pidfile, pid_record(pid, init, cgroups))
 
 
 def remove_pidfile(pidfile) -> None:
@@ -43,9 +52,15 @@ def boot_id() -> str:
         return ""
 
 
-def pid_record(pid: int) -> str:
-    """What `running.pgid` holds: enough to tell this very process apart from any other."""
-    return json.dumps({"pgid": pid, "host": socket.gethostname(), "boot_id": boot_id(), "start": start_time(pid)})
+def pid_record(pid: int, init: tuple[int, int] | None = None, cgroups=()) -> str:
+    """What `running.pgid` holds: enough to tell this very process apart from any other; with `init`,
+    the init of the command's sandbox (its pid namespace) and its start time; `cgroups`: the task's
+    cgroups, which hold every process of the command."""
+    record = {"pgid": pid, "host": socket.gethostname(), "boot_id": boot_id(), "start": start_time(pid),
+              "cgroups": sorted(cgroups)}
+    if init is not None:
+        record.update(init=init[0], init_start=init[1])
+    return json.dumps(record)
 
 
 def read_pgid(pidfile) -> int | None:
@@ -66,6 +81,19 @@ def record_is_ours(record: dict) -> bool:
             and record.get("start") == start_time(pgid))
 
 
+def _this_machine(record: dict) -> bool:
+    return record.get("host") == socket.gethostname() and record.get("boot_id") == boot_id()
+
+
+def _init(record: dict) -> tuple[int, int] | None:
+    """The record's sandbox init, if the record is this machine's and names one (kill_namespace then checks
+    that the pid is still that process)."""
+    init, start = record.get("init"), record.get("init_start")
+    if isinstance(init, int) and init > 1 and isinstance(start, int) and _this_machine(record):
+        return init, start
+    return None
+
+
 def kill_leftover_commands(task_dir) -> None:
     """Kill the command an earlier (killed) worker left running, if the record is this machine's."""
     pidfile = running_pidfile(task_dir)
@@ -78,6 +106,12 @@ def kill_leftover_commands(task_dir) -> None:
         record = json.loads(text)
     except ValueError:
         record = None
+    if isinstance(record, dict):
+        kill_namespace(_init(record))  # the sandbox may outlive its bwrap for a moment: wait until it is gone
+    cgroups = record.get("cgroups") if isinstance(record, dict) and _this_machine(record) else None
+    for path in cgroups if isinstance(cgroups, list) else []:  # every process of the command, wherever it went
+        if isinstance(path, str) and is_sandbox_cgroup(path):
+            kill_cgroup(path)
     if isinstance(record, dict) and record_is_ours(record):
         stop_group(record["pgid"])
     elif text:

@@ -9,11 +9,13 @@ import socket
 import sys
 import threading
 
-from openglm.agent.api import check_bind, create_app
+from openglm.agent.api import AGENT_LIMITS, check_bind, create_app
 from openglm.agent.config import AgentConfig
 from openglm.agent.store import open_store
 from openglm.agent.worker import Worker
+from openglm.util.http_limits import uvicorn_config
 from openglm.util.ports import AGENT_PORT as DEFAULT_PORT
+from openglm.util.sandbox import status as sandbox_status
 
 
 SUPERVISE_S = 1.0  # how often dead worker threads are looked for
@@ -62,6 +64,22 @@ def start_workers(config: AgentConfig, n: int, stop: threading.Event) -> WorkerP
     return WorkerPool(config, n, stop)
 
 
+def announce_sandbox(config: AgentConfig, who: str) -> None:
+    """Say on stderr, where an operator sees it, when tasks' commands are not sandboxed."""
+    status = sandbox_status(config.sandbox)
+    if status == "bwrap":
+        return
+    bar = "!" * 100
+    if not config.sandbox.enabled:
+        text = (f"{who}: WARNING: --unsafe-no-sandbox: tasks' commands run UNCONFINED, as this server's user, with "
+                "its files and network. Use it only for tasks you trust.")
+    else:
+        text = (f"{who}: the sandbox for tasks' commands is {status}. Tasks run, but every command they try is "
+                "refused. Install bubblewrap and allow unprivileged user namespaces, or restart with "
+                "--unsafe-no-sandbox to run commands unconfined (only for tasks you trust).")
+    print(f"{bar}\n{text}\n{bar}", file=sys.stderr, flush=True)
+
+
 def listen(host: str, port: int) -> socket.socket:
     """A listening socket on host:port (port 0: a free one). Bound before anything else starts, so a port in
     use is one line, and the address a start-up banner prints already takes connections."""
@@ -95,11 +113,13 @@ def serve(config: AgentConfig, host: str = "127.0.0.1", port: int = DEFAULT_PORT
     if view_token and not token:
         raise ValueError("a read-only --view-token needs a full --token too (else every caller has full control)")
     sock = listen(host, port)
+    if workers > 0:
+        announce_sandbox(config, "agent-server")
     stop = threading.Event()
     pool = start_workers(config, workers, stop)
-    app = create_app(config, token=token, view_token=view_token,
+    app = create_app(config, token=token, view_token=view_token, host=host,
                      workers=pool if workers > 0 else None)  # 0 workers: API only, /health needs none
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=sock.getsockname()[1], log_level=log_level,
+    server = uvicorn.Server(uvicorn_config(app, host, sock.getsockname()[1], AGENT_LIMITS, log_level=log_level,
                                            access_log=log_level in ("info", "debug", "trace")))
     if log_level == "info":  # the access log, without uvicorn's start-up chatter (the banner says it)
         logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
@@ -114,6 +134,7 @@ def serve(config: AgentConfig, host: str = "127.0.0.1", port: int = DEFAULT_PORT
 
 def run_worker(config: AgentConfig, max_tasks: int | None = None) -> int:
     # No graceful-stop dance: a killed worker's task is resumed by another once its lease expires.
+    announce_sandbox(config, "worker")
     stop = threading.Event()
     worker = Worker(config)
     print(f"worker {worker.id} polling {config.store_url}", flush=True)

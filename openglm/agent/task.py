@@ -121,6 +121,7 @@ class Constraints:
     command_timeout_s: float = 600.0
     max_tokens: int | None = None  # budgets enforced by openglm.agent.resilience (raisable while running)
     max_cost: float | None = None
+    network: bool = False  # whether the task's commands may use the network (if the server's sandbox allows it)
 
 
 _PARSERS = {
@@ -131,6 +132,7 @@ _PARSERS = {
     "command_timeout": ("command_timeout_s", parse_duration),
     "max_tokens": ("max_tokens", lambda v, f: _positive_int(v, f)),
     "max_cost": ("max_cost", lambda v, f: _positive_number(v, f)),
+    "network": ("network", lambda v, f: _boolean(v, f)),
 }
 
 
@@ -138,6 +140,12 @@ def _positive_number(value, field):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ConstraintError(field, f"expected a positive number, got {value!r}")
     return float(value)
+
+
+def _boolean(value, field):
+    if not isinstance(value, bool):
+        raise ConstraintError(field, f"expected true or false, got {value!r}")
+    return value
 
 
 def _positive_int(value, field):

@@ -31,11 +31,14 @@ from openglm.agent.loop import TaskRun
 from openglm.agent.llm import ContextOverflowError, ModelError, ModelSpec, build_model
 from openglm.agent.policy import ToolCallingPolicy
 from openglm.agent.process import kill_leftover_commands
+from openglm.agent.service import clone_workspace
 from openglm.agent.snapshot import Snapshots
 from openglm.agent.store import LeaseLost, StoreUnavailable, TaskNotFound, open_store
 from openglm.agent.task import TaskState
+from openglm.agent.tools import ToolBox
 from openglm.agent.trust import resolve_model_spec
-from openglm.agent.tools import ResourceLimiter, ToolBox
+from openglm.util.git import GitError
+from openglm.util.sandbox import Sandbox
 
 
 STORE_BACKOFF_MIN_S, STORE_BACKOFF_MAX_S = 0.5, 30.0
@@ -116,12 +119,19 @@ class Worker:
         task_dir.mkdir(parents=True, exist_ok=True)
         kill_leftover_commands(task_dir)
         constraints = task.parsed_constraints
-        limiter = ResourceLimiter(constraints.resources)
-        run = snapshots = None
+        run = snapshots = sandbox = None
         heartbeat = _Heartbeat(self, task.id)
         try:
+            if task.meta.get("repo") and not os.path.isdir(task.workspace):
+                try:
+                    clone_workspace(self.config, task)
+                except GitError as e:
+                    return self._stop(task, None, TaskState.FAILED, str(e))
             snapshots = Snapshots(task.workspace, task_dir / "snapshots.git", self.config.ignore)
-            toolbox = ToolBox(task.workspace, limiter, constraints.command_timeout_s, self.config.max_output)
+            sandbox = Sandbox(self.config.sandbox, task.workspace, network=constraints.network,
+                              memory_bytes=constraints.resources.memory_bytes, cpus=constraints.resources.cpus,
+                              command_timeout_s=constraints.command_timeout_s)
+            toolbox = ToolBox(task.workspace, sandbox, constraints.command_timeout_s, self.config.max_output)
             spec = resolve_model_spec(task.meta["model"]) if task.meta.get("model") else None  # key: from env
             model = self.model or build_model(spec or self.config.model or ModelSpec())
             run = TaskRun(self.store, task, self.id, model, toolbox, snapshots, self.policy_factory(), self.hooks)
@@ -145,7 +155,8 @@ class Worker:
             return self._stop(task, run, TaskState.FAILED, f"{type(e).__name__}: {e}")
         finally:
             heartbeat.stop()
-            limiter.close()
+            if sandbox is not None:
+                sandbox.close()
             if snapshots is not None:
                 snapshots.close()  # its inotify watches count against a per-user limit
 

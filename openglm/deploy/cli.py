@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shlex
 import shutil
@@ -19,6 +20,7 @@ from openglm.deploy.config import (OPENGLM_DEFAULTS, DeployConfig, DeployConfigE
                                    load_deploy_config)
 from openglm.server.limits import ServerLimits
 from openglm.util.auth import is_loopback
+from openglm.util.dtypes import argparse_dtype
 
 KEY_ENV = "OPENGLM_API_KEY"
 
@@ -53,10 +55,19 @@ D = " (default %(default)s)"
 LIMIT_FLAGS = [
     ("--max-queue", "max_queue", int, "requests in flight before answering 503 + Retry-After"),
     ("--max-body-bytes", "max_body_bytes", int, "largest request body in bytes; larger ones get 413"),
-    ("--body-timeout", "body_timeout_s", float, "seconds a request body may pause between chunks before 408"),
+    ("--body-timeout", "body_timeout_s", float, "seconds a whole request body may take (plus 1 s per --min-body-rate "
+                                                "bytes received) before 408"),
+    ("--min-body-rate", "min_body_rate", int, "bytes per second a request body is granted beyond --body-timeout"),
     ("--header-timeout", "header_timeout_s", float, "seconds a connection has to send its request head"),
     ("--keep-alive-timeout", "keep_alive_s", int, "seconds an idle keep-alive connection stays open"),
-    ("--limit-concurrency", "limit_concurrency", int, "connections + tasks beyond which uvicorn answers 503"),
+    ("--limit-concurrency", "limit_concurrency", int, "requests being answered (body received) beyond which new ones "
+                                                      "get 503"),
+    ("--max-connections", "max_connections", int, "open connections; beyond it the one waiting longest without a "
+                                                  "complete request is closed"),
+    ("--prepare-workers", "prepare_workers", int, "worker processes that render chat templates, tokenise prompts "
+                                                  "and check output grammars"),
+    ("--template-timeout", "template_timeout_s", float, "seconds one request's chat template may render for (400)"),
+    ("--grammar-timeout", "grammar_timeout_s", float, "seconds one request's output grammar may compile for (400)"),
 ]
 DEPLOY = {f.name: f.default for f in fields(DeployConfig)}  # the defaults of a deployment: one set for both
 
@@ -81,8 +92,8 @@ def register_serve(subparsers):
     p.add_argument("--config", default=None, metavar="DEPLOY_YAML",
                    help="serve the deployment a deploy.yaml describes (model, parallel_config, batching, block size, "
                         "quantization, session cache); under torchrun --nproc_per_node=TP it runs tensor/expert "
-                        "parallel with rank 0 serving HTTP; the API key, request limits, --threads and --log-level "
-                        "flags then still apply, the engine and address flags do not. Default: none (serve "
+                        "parallel with rank 0 serving HTTP; the API key, request limits, --tokenizer, --threads and "
+                        "--log-level flags then still apply, the engine and address flags do not. Default: none (serve "
                         "CHECKPOINT with the flags below)")
     p.add_argument("--host", default=DEPLOY["host"], help="address to listen on; 0.0.0.0 = all interfaces"+D)
     p.add_argument("--port", type=int, default=DEPLOY["port"], help="TCP port"+D)
@@ -111,8 +122,11 @@ def register_serve(subparsers):
     p.add_argument("--quantization", choices=["none", "int8", "int4", "fp8"], default="none",
                    help="weight-only quantisation (int8 and int4 read in place by the CPU kernels, fp8 dequantised "
                         "per op; an int4 checkpoint from `openglm convert --int4` loads as int4 without it)"+D)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="weight and compute dtype" + own("dtype"))
+    p.add_argument("--dtype", type=argparse_dtype(), default=None, metavar="DTYPE",
+                   help="weight and compute dtype: fp32, bf16 or fp16 (also float32, bfloat16, float16)" + own("dtype"))
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="folder with tokenizer.json and the chat template, for a checkpoint saved without them "
+                        "(default: the checkpoint's own)")
     p.add_argument("--device", default=DEPLOY["device"], metavar="DEVICE",
                    help="cpu, cuda or cuda:N: where the weights, the paged KV cache and the steps run; on CUDA the "
                         "MoE experts and DSA attention run Triton kernels (the `gpu` extra; docs/gpu.md)"+D)
@@ -122,9 +136,27 @@ def register_serve(subparsers):
     p.add_argument("--json-whitespace", choices=["compact", "flexible"], default=DEPLOY["json_whitespace"],
                    help="whitespace between the JSON tokens of constrained output (response_format, tool-call "
                         "arguments): none, or any run of it; a request's structured_outputs overrides it"+D)
+    p.add_argument("--default-chat-template-kwargs", type=_json_object, default=None, metavar="JSON",
+                   help="chat-template switches for requests that set none, e.g. '{\"enable_thinking\": false}' "
+                        "(GLM's enable_thinking, clear_thinking; vLLM's flag) (default: the template's own: thinking "
+                        "on)")
+    p.add_argument("--thinking-token-budget", type=int, default=None, metavar="N",
+                   help="reasoning tokens after which </think> is forced, for requests that set no budget (default: "
+                        "none; a constrained answer, forced tool call or response_format, thinks at most half its "
+                        "max_tokens)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
     p.add_argument("--log-level", default="info", help="uvicorn log level: debug, info, warning, error"+D)
     p.set_defaults(func=serve)
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
 
 
 def _refuses_without_key(args, api_key: str | None, host: str) -> bool:
@@ -142,7 +174,8 @@ def serve_config(args) -> DeployConfig:
     if args.config is not None and args.checkpoint is not None:
         raise DeployConfigError("give either a CHECKPOINT or --config (the config names the model), not both")
     if args.config is not None:
-        return load_deploy_config(args.config)
+        cfg = load_deploy_config(args.config)
+        return dataclasses.replace(cfg, tokenizer=args.tokenizer) if args.tokenizer else cfg
     if args.checkpoint is None:
         raise DeployConfigError("give a CHECKPOINT folder or --config deploy.yaml")
     k = args.num_speculative_tokens
@@ -152,7 +185,9 @@ def serve_config(args) -> DeployConfig:
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, quantization=None if args.quantization == "none" else args.quantization,
         dtype=args.dtype, device=args.device, session_cache=SessionCache(not args.no_prefix_caching, args.session_ttl),
-        speculative=Speculative(num_speculative_tokens=k) if k else None, json_whitespace=args.json_whitespace)
+        speculative=Speculative(num_speculative_tokens=k) if k else None, json_whitespace=args.json_whitespace,
+        default_chat_template_kwargs=args.default_chat_template_kwargs,
+        thinking_token_budget=args.thinking_token_budget, tokenizer=args.tokenizer)
 
 
 def serve(args) -> int:

@@ -15,12 +15,15 @@ by `openglm deploy`. `engine_config` is the one place an `EngineConfig` is built
     block_size: 64                        # tokens per KV block
     num_kv_blocks: 2048                   # openglm's pool size (GPU engines size theirs from memory)
     quantization: fp8                     # none | fp8 | int8 | int4 (weight-only)
-    dtype: bfloat16
+    dtype: bfloat16                       # or bf16; float32 / fp32, float16 / fp16
     device: cpu                           # cpu | cuda | cuda:N (openglm's engine on one process; docs/gpu.md)
     session_cache: {enabled: true, ttl_s: 600}   # prefix cache across turns, idle blocks kept ttl_s seconds
     speculative: {method: mtp, num_speculative_tokens: 1}   # GLM's MTP layer (openglm: one process only)
+    default_chat_template_kwargs: {enable_thinking: false}   # what a chat request leaves unset (vLLM's flag)
+    thinking_token_budget: 2048           # reasoning tokens before </think> is forced, unless a request says
     tool_call_parser: glm47               # default: the family's recipe
     reasoning_parser: glm45
+    tokenizer: null                       # a folder with tokenizer.json when `model` has none (null: the model's)
 
 Every key is optional except `model`; an unknown key or a wrong type is an error naming it. The engine-tuning
 keys (batched tokens, sequences, block size, KV blocks, dtype) left out mean each engine's own default:
@@ -39,6 +42,7 @@ import yaml
 
 from openglm.deploy.recipes import RECIPES, gpu_memory_gb
 from openglm.engine.config import DEVICE, EngineConfig
+from openglm.util.dtypes import dtype_name
 
 if TYPE_CHECKING:
     from openglm.model.parallel import ParallelLayout
@@ -50,6 +54,25 @@ OPENGLM_DEFAULTS = {"max_num_batched_tokens": 2048, "max_num_seqs": 32, "block_s
 
 class DeployConfigError(ValueError):
     """deploy.yaml is missing, unreadable, or holds a key or value openglm does not know."""
+
+
+TEMPLATE_SWITCHES = ("enable_thinking", "clear_thinking")  # the chat-template kwargs openglm honours (GLM's)
+
+
+def check_template_kwargs(value) -> dict | None:
+    """`default_chat_template_kwargs` as given (a mapping of GLM's switches to true/false), or the reason not."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise DeployConfigError(f"default_chat_template_kwargs must be a JSON object, got {value!r}")
+    unknown = sorted(set(value) - set(TEMPLATE_SWITCHES))
+    if unknown:
+        raise DeployConfigError(f"default_chat_template_kwargs: unknown key(s) {unknown} "
+                                f"(known: {list(TEMPLATE_SWITCHES)})")
+    bad = [k for k, v in value.items() if not isinstance(v, bool)]
+    if bad:
+        raise DeployConfigError(f"default_chat_template_kwargs: {bad[0]} must be true or false, got {value[bad[0]]!r}")
+    return dict(value)
 
 
 @dataclass(frozen=True)
@@ -90,8 +113,11 @@ class DeployConfig:
     tool_call_parser: str | None = None  # None: the family's recipe (hand-off only)
     reasoning_parser: str | None = None
     json_whitespace: str = "compact"  # between the JSON tokens of constrained output: none, or any run of it
+    tokenizer: str | None = None  # folder with tokenizer.json + chat template when `model` lacks them (None: model's)
     family: str | None = None  # a GLM family of deploy.recipes; None: found from the model
     gpu: str | None = None  # the GPU the hand-off's layout must fit: H200, B200, ... or "96GB"
+    default_chat_template_kwargs: dict | None = None  # GLM's template switches where a request sets none
+    thinking_token_budget: int | None = None  # reasoning tokens before </think> is forced (server/thinking.py)
 
     def __post_init__(self):
         if not isinstance(self.port, int) or isinstance(self.port, bool) or self.port <= 0:
@@ -102,10 +128,17 @@ class DeployConfig:
                 raise DeployConfigError(f"{name} must be a positive integer (or left out), got {value!r}")
         if self.quantization not in (None, "none", "fp8", "int8", "int4"):
             raise DeployConfigError(f"quantization must be none, fp8, int8 or int4, got {self.quantization!r}")
-        if self.dtype not in (None, "float32", "bfloat16", "float16"):
-            raise DeployConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype is not None:
+            try:
+                object.__setattr__(self, "dtype", dtype_name(self.dtype))  # one name for every spelling (frozen)
+            except ValueError as e:
+                raise DeployConfigError(str(e)) from None
         if self.json_whitespace not in ("compact", "flexible"):
             raise DeployConfigError(f"json_whitespace must be compact or flexible, got {self.json_whitespace!r}")
+        check_template_kwargs(self.default_chat_template_kwargs)
+        budget = self.thinking_token_budget
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
+            raise DeployConfigError(f"thinking_token_budget must be a non-negative integer or null, got {budget!r}")
         if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):
             raise DeployConfigError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.family is not None and self.family not in RECIPES:
@@ -189,9 +222,10 @@ def load_deploy_config(path: str | Path) -> DeployConfig:
     except yaml.YAMLError as e:
         raise DeployConfigError(f"{path} is not valid YAML: {e}") from None
     cfg = parse_deploy_config(data)
-    model = Path(cfg.model)
-    if not model.is_absolute() and (Path(path).parent / model).exists():  # relative to the config file
-        cfg = dataclasses.replace(cfg, model=str(Path(path).parent / model))
+    for key in ("model", "tokenizer"):
+        value = getattr(cfg, key)
+        if value is not None and not Path(value).is_absolute() and (Path(path).parent / value).exists():
+            cfg = dataclasses.replace(cfg, **{key: str(Path(path).parent / value)})  # relative to the config file
     return cfg
 
 

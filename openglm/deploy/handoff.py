@@ -183,6 +183,9 @@ def _common_notes(cfg: DeployConfig, engine: str) -> list[str]:
     if cfg.num_kv_blocks is not None:
         notes.append(f"note: num_kv_blocks={cfg.num_kv_blocks} is openglm's pool size; {name} sizes its KV cache "
                      "from free GPU memory")
+    if cfg.thinking_token_budget is not None:
+        notes.append(f"note: thinking_token_budget={cfg.thinking_token_budget} is openglm's server-wide default; "
+                     f"{name} takes a thinking budget per request only")
     if cfg.session_cache.enabled:
         notes.append(f"note: session_cache.ttl_s={cfg.session_cache.ttl_s:g}: {name} keeps cached prefixes until "
                      "memory is needed (LRU), with no idle timeout")
@@ -218,6 +221,8 @@ def vllm_command(cfg: DeployConfig, p: Plan, notes: list[str]) -> list[str]:
         argv += ["--reasoning-parser", p.reasoning_parser]
     if p.recipe is not None and p.recipe.content_format:
         argv += ["--chat-template-content-format", p.recipe.content_format]
+    if cfg.default_chat_template_kwargs:
+        argv += ["--default-chat-template-kwargs", json.dumps(cfg.default_chat_template_kwargs, separators=(",", ":"))]
     return argv
 
 
@@ -248,6 +253,9 @@ def sglang_command(cfg: DeployConfig, p: Plan, notes: list[str]) -> list[str]:
         argv += ["--tool-call-parser", p.tool_call_parser]
     if p.reasoning_parser:
         argv += ["--reasoning-parser", p.reasoning_parser]
+    if cfg.default_chat_template_kwargs:
+        notes.append(f"note: default_chat_template_kwargs={cfg.default_chat_template_kwargs}: SGLang has no "
+                     "server-wide default; send chat_template_kwargs with each request")
     return argv
 
 

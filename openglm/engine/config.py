@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from openglm.util.dtypes import dtype_name
+
 
 @dataclass
 class EngineConfig:
@@ -12,6 +14,9 @@ class EngineConfig:
     num_kv_blocks: int = 512  # size of the paged KV pool, in blocks
     max_num_seqs: int = 32  # sequences running in one step
     max_num_batched_tokens: int = 2048  # tokens (prefill + decode) computed in one step
+    # a request's fair share: while other requests wait, its sequences beyond this many wait behind theirs
+    # (and are preempted if they hold the room the others need); alone, a request may use every slot
+    max_seqs_per_request: int = 8
     max_model_len: int | None = None  # prompt + output; defaults to the model's max_position_embeddings
     enable_prefix_caching: bool = True  # content-hashed full blocks shared across requests (session cache)
     session_ttl: float = 600.0  # seconds an idle cached block may stay reusable; <= 0 disables expiry
@@ -22,7 +27,7 @@ class EngineConfig:
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N": where the weights, the paged KV pool and the steps run
 
     def __post_init__(self):
-        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_seqs_per_request"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive integer, got {value!r}")
@@ -33,8 +38,7 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.quantization must be none, int8, int4 or fp8, got {self.quantization!r}")
         if self.quantization == "none":
             self.quantization = None
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"EngineConfig.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        self.dtype = dtype_name(self.dtype, what="EngineConfig.dtype")  # bf16, fp32, fp16 spelled either way
         if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):
             raise ValueError(f"EngineConfig.device must be cpu, cuda or cuda:N, got {self.device!r}")
 

@@ -25,7 +25,9 @@ from openglm.engine.sampler import Sampler
 from openglm.engine.sampling_params import SamplingParams
 from openglm.engine.scheduler import Scheduler
 from openglm.engine.sequence import Sequence
+from openglm.engine.state_cache import StateSlots, hybrid_engine_config
 from openglm.engine.speculative import SpeculativeDecoder
+from openglm.engine.thinking import ThinkingBudget
 from openglm.tokenizer import Tokenizer
 from openglm.model.checkpoint import resolve_checkpoint  # a checkpoint, or a run folder's latest one
 from openglm.util.threads import ThreadGovernor
@@ -43,7 +45,9 @@ class PromptError(ValueError):
 class LLMEngine:
     def __init__(self, model: torch.nn.Module, tokenizer, config: EngineConfig | None = None,
                  runner: ModelRunner | None = None):  # runner: e.g. tensor-parallel rank 0's, which broadcasts
-        self.config = config = config or EngineConfig()
+        # a hybrid model (linear-attention state per sequence): no prefix caching; `notes` say what changed
+        config, self.notes = hybrid_engine_config(model, config or EngineConfig())
+        self.config = config
         self.tokenizer = tokenizer
         device = resolve_device(config.device)
         if next(model.parameters()).device != device:  # the runner allocates its KV pool where the model is
@@ -56,9 +60,11 @@ class LLMEngine:
                          "draft_tokens": 0, "accepted_draft_tokens": 0}
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size,
                                           config.enable_prefix_caching, config.session_ttl)
-        self.scheduler = Scheduler(config, self.block_manager)
         self.runner = runner or ModelRunner(model, config.num_kv_blocks, config.block_size,
-                                            getattr(tokenizer, "pad_id", 0) if tokenizer is not None else 0)
+                                            getattr(tokenizer, "pad_id", 0) if tokenizer is not None else 0,
+                                            num_state_slots=config.max_num_seqs)
+        states = getattr(self.runner, "states", None)
+        self.scheduler = Scheduler(config, self.block_manager, None if states is None else StateSlots(states.num_slots))
         self.sampler = Sampler(config.seed)
         self.postprocess = Postprocessor(self.scheduler, tokenizer, self.max_model_len, self.counters)
         self.speculator = None if not config.num_speculative_tokens else SpeculativeDecoder(
@@ -67,11 +73,15 @@ class LLMEngine:
         self._grammar: GrammarEngine | None = None
         # CPU threads follow the cores other processes leave free (util/threads.py), polled from the thread that steps
         self.threads = ThreadGovernor.for_torch() if device.type == "cpu" else None
+        self.thinking = ThinkingBudget(tokenizer.decode if tokenizer is not None else lambda ids: "")
         self.requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None) -> "LLMEngine":
+    def from_pretrained(cls, path: str | Path, config: EngineConfig | None = None,
+                        tokenizer: str | Path | None = None) -> "LLMEngine":
+        """The engine of a checkpoint folder (or a run folder's latest checkpoint); `tokenizer`: another folder to
+        read the tokenizer from (a checkpoint saved without one)."""
         from openglm.model import load_model  # torch weights: loaded only from a checkpoint
 
         config = config or EngineConfig()
@@ -81,7 +91,7 @@ class LLMEngine:
             from openglm.engine.quant import quantize_model  # optional (--quantization)
 
             quantize_model(model, config.quantization)
-        return cls(model, Tokenizer.from_checkpoint(path), config)
+        return cls(model, Tokenizer.from_checkpoint(tokenizer or path), config)
 
     @property
     def grammar(self) -> GrammarEngine:
@@ -100,7 +110,7 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         bm, sched = self.block_manager, self.scheduler
-        return EngineStats(running=len(sched.running), waiting=len(sched.waiting), kv_blocks_used=bm.num_used_blocks,
+        return EngineStats(running=len(sched.running), waiting=sched.num_waiting, kv_blocks_used=bm.num_used_blocks,
                            kv_blocks_total=bm.num_blocks, kv_blocks_cached=bm.num_cached_blocks,
                            prefix_hit_blocks=bm.stats["prefix_hits"], prefix_query_blocks=bm.stats["prefix_queries"],
                            preemptions=sched.num_preemptions, **self.counters)
@@ -111,6 +121,10 @@ class LLMEngine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this engine has no tokenizer: pass token ids")
+            if len(prompt) > self.max_model_len * self.tokenizer.max_token_chars:  # refused before tokenising
+                raise PromptError(f"this model's maximum context length is {self.max_model_len} tokens; the prompt "
+                                  f"has {len(prompt)} characters, more than that many tokens",
+                                  code="context_length_exceeded")
             ids = self.tokenizer.encode(prompt)
         else:
             ids = [int(t) for t in prompt]
@@ -124,13 +138,15 @@ class LLMEngine:
         return ids
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
+                    request_id: str | None = None, group: str | None = None) -> str:
+        """Queue a request; `group` names the client request it belongs to (the scheduler shares the batch fairly
+        between groups; default: the request itself)."""
         params = params or SamplingParams()
         ids = self.check_prompt(prompt)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        seqs = [Sequence(ids, params, request_id, index=i) for i in range(params.n)]
+        seqs = [Sequence(ids, params, request_id, index=i, group=group) for i in range(params.n)]
         if params.grammar is not None:
             for seq in seqs:
                 seq.matcher = self.grammar.matcher(params.grammar)
@@ -205,6 +221,8 @@ class LLMEngine:
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[dict | None]]:
         if any(s.matcher is not None for s in seqs):  # constrained rows only; the others are untouched
             self.grammar.apply_masks(logits, seqs)
+        if any(s.params.thinking_budget is not None for s in seqs):  # after the masks: it forces what they allow
+            self.thinking.apply(logits, seqs)
         return self.sampler(logits, seqs)
 
     def _outputs(self, results: list[RowResult], failed: dict[str, str]) -> list[RequestOutput]:
@@ -219,7 +237,8 @@ class LLMEngine:
                 + [self._output(request_id) for request_id in advanced if request_id in self.requests])
 
     def _output(self, request_id: str, error: str | None = None) -> RequestOutput:
-        out = request_output(request_id, self.requests[request_id], error)
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        out = request_output(request_id, self.requests[request_id], error, decode)
         if out.finished:
             del self.requests[request_id]
         return out

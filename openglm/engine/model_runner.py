@@ -2,26 +2,29 @@
 
 A step mixes decodes (one token each) with prefill chunks (many tokens). Padding them into a single
 `[B, T]` call would make every decode row pay for the longest chunk, so rows are grouped into
-sub-batches of similar length first; each sub-batch is one model call.
+sub-batches of similar length first; each sub-batch is one model call. A hybrid model's rows (linear-attention
+state per sequence, `state_cache.py`) are grouped by equal length: a padding token would move the state.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from openglm.engine.kv_cache import KVPool, PagedBatchCache
 from openglm.engine.quant import quantize_tensor
 from openglm.engine.sequence import Sequence
+from openglm.engine.state_cache import HybridBatchCache, StatePool, linear_layers
 from openglm.model.quantized import QuantizedWeight
 from openglm.model.derived import derived_weight
 
 PAD_WASTE = 1.3  # a row may join a group when the padded size stays within 1.3x the real tokens
 
 
-def group_rows(num_tokens: list[int]) -> list[list[int]]:
-    """Indices grouped so that padding each group to its longest row wastes little compute."""
+def group_rows(num_tokens: list[int], pad_waste: float = PAD_WASTE) -> list[list[int]]:
+    """Indices grouped so that padding each group to its longest row wastes little compute (pad_waste 1: rows of
+    equal length only)."""
     order = sorted(range(len(num_tokens)), key=lambda i: -num_tokens[i])
     groups: list[list[int]] = []
     for i in order:
@@ -29,7 +32,7 @@ def group_rows(num_tokens: list[int]) -> list[list[int]]:
         if g is not None:
             longest = num_tokens[g[0]]
             real = sum(num_tokens[j] for j in g) + num_tokens[i]
-            if (len(g) + 1) * longest <= PAD_WASTE * real:
+            if (len(g) + 1) * longest <= pad_waste * real:
                 g.append(i)
                 continue
         groups.append([i])
@@ -37,19 +40,23 @@ def group_rows(num_tokens: list[int]) -> list[list[int]]:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, pad_token_id: int = 0):
+    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, pad_token_id: int = 0,
+                 num_state_slots: int = 32):
         self.model = model.eval()
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device  # the pool and each step's inputs live with the weights
         self.pool = KVPool(num_blocks, block_size, self.dtype, self.device)
         self.pad_token_id = pad_token_id
+        layers = linear_layers(model)  # a hybrid model: one state slot per running sequence
+        self.states = StatePool(layers, num_state_slots, self.dtype, self.device) if layers else None
+        self.pad_waste = PAD_WASTE if self.states is None else 1.0
 
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], num_tokens: list[int]) -> torch.Tensor:
         """Compute `num_tokens[i]` new tokens of each sequence; return the logits after each row's
         last new token, `[B, vocab]` (float32)."""
         out: list[torch.Tensor | None] = [None] * len(seqs)
-        for group in group_rows(num_tokens):
+        for group in group_rows(num_tokens, self.pad_waste):
             logits = self._forward([seqs[i] for i in group], [num_tokens[i] for i in group])
             for row, i in enumerate(group):
                 out[i] = logits[row]
@@ -58,7 +65,8 @@ class ModelRunner:
     def _forward(self, seqs: list[Sequence], new_lens: list[int]) -> torch.Tensor:
         past_lens = [s.num_computed_tokens for s in seqs]
         chunks = [s.token_ids[p : p + t] for s, p, t in zip(seqs, past_lens, new_lens)]
-        return self.execute(StepInputs(chunks, past_lens, new_lens, [list(s.block_table) for s in seqs]))
+        rows = [(s.state_slot, s.seq_id) for s in seqs] if self.states is not None else []
+        return self.execute(StepInputs(chunks, past_lens, new_lens, [list(s.block_table) for s in seqs], rows))
 
     def execute(self, step: "StepInputs") -> torch.Tensor:
         """One model call over the paged pool: the logits after each row's last new token, [B, vocab] fp32."""
@@ -131,8 +139,11 @@ class ModelRunner:
             positions[row, t:] = p + t - 1
             mask[row, P - p : P + t] = 1
         to = self.device  # built on the CPU (a few small tensors per step), moved once
-        return fn(input_ids.to(to), mask.to(to), positions.to(to),
-                  PagedBatchCache(self.pool, step.block_tables, past_lens, new_lens))
+        if self.states is None:
+            cache = PagedBatchCache(self.pool, step.block_tables, past_lens, new_lens)
+        else:
+            cache = HybridBatchCache(self.pool, self.states, step.block_tables, past_lens, new_lens, step.state_rows)
+        return fn(input_ids.to(to), mask.to(to), positions.to(to), cache)
 
 
 @dataclass
@@ -142,6 +153,7 @@ class StepInputs:
     past_lens: list[int]
     new_lens: list[int]
     block_tables: list[list[int]]
+    state_rows: list[tuple[int, int]] = field(default_factory=list)  # hybrid models: each row's (state slot, seq id)
 
 
 @dataclass

@@ -7,12 +7,20 @@ from dataclasses import dataclass, field
 
 @dataclass
 class CompletionOutput:
+    """One choice. While it runs an output carries only what is new since its previous output (`delta_*`), so
+    that reporting a step costs what the step added, not what the choice holds; once finished, `text`,
+    `token_ids` and `logprobs` hold the whole output as well (None before)."""
+
     index: int
-    text: str  # while running: all but a tail that may still become a stop string (never taken back)
-    token_ids: list[int]
+    text: str | None  # finished: the whole text (cut at a stop string); running: None
+    token_ids: list[int] | None  # finished: every output token; running: None
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: str | int | None = None
-    logprobs: list[dict] | None = None
+    logprobs: list[dict] | None = None  # finished: one per output token, when the request asked for them
+    delta_text: str = ""  # text new since the previous output (never taken back: a possible stop string waits)
+    delta_token_ids: list[int] = field(default_factory=list)
+    delta_logprobs: list[dict] | None = None  # one per delta token, when the request asked for logprobs
+    text_offset: int = 0  # characters of text reported before delta_text
 
     @property
     def finished(self) -> bool:

@@ -28,7 +28,15 @@ from torch import nn
 from openglm.engine.model_runner import ModelRunner, StepInputs
 from openglm.model.expert_parallel import ReplicatedTokenExperts
 from openglm.model.moe import MLP, MoE
-from openglm.model.parallel import ParallelLayout
+from openglm.model.parallel import LayoutError, ParallelLayout
+
+
+def check_shardable(cfg, world: int) -> None:
+    """LayoutError unless this engine can shard `cfg`'s layers over `world` processes (checked before any
+    process group starts)."""
+    if world > 1 and any(cfg.is_linear(i) for i in range(cfg.num_hidden_layers)):
+        raise LayoutError(f"{cfg.model_type}: openglm's engine does not shard linear-attention (KDA) layers over "
+                          f"{world} processes; serve it on one process (tensor_parallel: 1)")
 
 
 def shard_for_serving(model: nn.Module, layout: ParallelLayout) -> nn.Module:

@@ -5,9 +5,13 @@ tokens one at a time through the stop conditions (stop token ids, EOS, a complet
 max_tokens, the context), detokenizes, and finishes the sequences that stopped. `request_output` turns a
 request's sequences into the `RequestOutput` the caller sees.
 
-Text is re-decoded from all output tokens (cheap at these lengths, and exact for byte-level BPE). While a
-sequence runs, the tail that could still grow into a stop string, and any trailing incomplete UTF-8
-character, are held back from the reported text, so reported text is never taken back.
+Every step costs what it added, not what the sequence holds (a 100k-token output is reported as cheaply
+as a short one): text is detokenized incrementally (each decode covers the new tokens and the previous
+decode's tokens as context, vLLM's scheme: exact for byte-level BPE, including multi-byte characters split
+across tokens), a stop string is looked for only where it could newly end, and an output carries only what
+is new since the previous one (the whole output once, when the sequence finishes). While a sequence runs,
+the tail that could still grow into a stop string, and a trailing incomplete UTF-8 character, are held
+back from the reported text, so reported text is never taken back.
 """
 
 from __future__ import annotations
@@ -92,44 +96,75 @@ class Postprocessor:
         return reason
 
 
-def update_text(seq: Sequence, decode) -> bool:
-    """Refresh `seq.output_text`; return True when a stop string ended the sequence."""
-    text = decode(seq.output_token_ids)
+def new_text(seq: Sequence, decode, final: bool = False) -> str:
+    """The text the output tokens not yet in `seq.output_text` add: "" while they end inside a UTF-8 character
+    (unless `final`). Decodes only those tokens and the previous decode's, whatever the sequence holds."""
+    ids, base = seq.token_ids, seq.num_prompt_tokens
+    if base + seq.decoded_upto == len(ids):
+        return ""
+    context = decode(ids[base + seq.decoded_from: base + seq.decoded_upto])
+    text = decode(ids[base + seq.decoded_from:])
+    if text.endswith(REPLACEMENT) and not final:
+        return ""  # an incomplete character: wait for its next bytes
+    seq.decoded_from, seq.decoded_upto = seq.decoded_upto, len(ids) - base
+    return text[len(context):]
+
+
+def update_text(seq: Sequence, decode, final: bool = False) -> bool:
+    """Extend `seq.output_text` by the new tokens' text; return True when a stop string ended the sequence."""
+    new = new_text(seq, decode, final)
+    if not new:
+        return False
+    text, seq.output_text = seq.output_text, ""  # one reference: `+=` extends the string in place
+    before = len(text)
+    text += new
+    seq.output_text = text
     p = seq.params
-    if p.stop:
-        start = max(0, len(seq.output_text) - max(map(len, p.stop)))
-        hits = [(text.find(s, start), s) for s in p.stop]
-        hits = [(i, s) for i, s in hits if i >= 0]
+    if p.stop:  # a stop string can only newly end in the added text
+        start = max(0, before - max(map(len, p.stop)) + 1)
+        hits = [(i, s) for i, s in ((text.find(s, start), s) for s in p.stop) if i >= 0]
         if hits:
             i, s = min(hits)
             seq.output_text = text[: i + len(s)] if p.include_stop_str_in_output else text[:i]
             seq.stop_reason = s
             return True
-    seq.output_text = text
     return False
 
 
 def streamable_length(seq: Sequence) -> int:
     """How many characters of `seq.output_text` can be reported without ever being taken back."""
-    text = seq.output_text
-    if seq.is_finished:
-        return len(text)
-    n = len(text)
-    while n and text[n - 1] == REPLACEMENT:
-        n -= 1
-    if seq.params.stop:
-        n = min(n, len(text) - (max(map(len, seq.params.stop)) - 1))
-    return max(n, 0)
+    n = len(seq.output_text)
+    if not seq.is_finished and seq.params.stop:
+        n -= max(map(len, seq.params.stop)) - 1
+    return max(n, seq.reported_chars)
 
 
-def request_output(request_id: str, seqs: list[Sequence], error: str | None = None) -> RequestOutput:
-    """A snapshot of the request's choices (safe to hand to another thread: nothing in it is shared)."""
-    outs = [CompletionOutput(index=s.index, text=s.output_text[: streamable_length(s)], token_ids=s.output_token_ids,
-                             finish_reason=s.finish_reason, stop_reason=s.stop_reason,
-                             logprobs=list(s.logprobs) if s.params.logprobs is not None else None) for s in seqs]
+def choice_output(seq: Sequence, whole: bool, decode=None) -> CompletionOutput:
+    """What is new in `seq` since its previous output (and with `whole`, all of it); advances the sequence's
+    reported position."""
+    if seq.is_finished and decode is not None and not isinstance(seq.stop_reason, str):
+        update_text(seq, decode, final=True)  # an incomplete character at the very end: as the bytes decode
+    upto, tokens = streamable_length(seq), seq.num_output_tokens
+    keep_logprobs = seq.params.logprobs is not None
+    out = CompletionOutput(index=seq.index, text=None, token_ids=None, finish_reason=seq.finish_reason,
+                           stop_reason=seq.stop_reason, delta_text=seq.output_text[seq.reported_chars: upto],
+                           delta_token_ids=seq.token_ids[seq.num_prompt_tokens + seq.reported_tokens:],
+                           delta_logprobs=seq.logprobs[seq.reported_tokens:] if keep_logprobs else None,
+                           text_offset=seq.reported_chars)
+    seq.reported_chars, seq.reported_tokens = upto, tokens
+    if whole:
+        out.text, out.token_ids = seq.output_text, seq.output_token_ids
+        out.logprobs = list(seq.logprobs) if keep_logprobs else None
+    return out
+
+
+def request_output(request_id: str, seqs: list[Sequence], error: str | None = None, decode=None) -> RequestOutput:
+    """What is new in the request's choices, and once all are finished the whole of each (safe to hand to another
+    thread: nothing in it changes later)."""
     finished = all(s.is_finished for s in seqs)
+    outs = [choice_output(s, finished, decode) for s in seqs]
     first = [s.first_token_time for s in seqs if s.first_token_time is not None]
-    return RequestOutput(request_id, seqs[0].token_ids[: seqs[0].num_prompt_tokens], outs, finished,
+    return RequestOutput(request_id, seqs[0].prompt_token_ids, outs, finished,
                          num_cached_tokens=seqs[0].num_cached_prompt_tokens,
                          metrics={"arrival_time": seqs[0].arrival_time,
                                   "first_token_time": min(first) if first else None,

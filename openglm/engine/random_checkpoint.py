@@ -31,7 +31,7 @@ def build_random_checkpoint(path: str | Path, preset: str = "tiny", vocab_size: 
     trained on `texts` (default: a few stdlib sources)."""
     import torch  # heavy: loaded when a checkpoint is built
 
-    from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, save_pretrained
+    from openglm.model import ModelConfig, build_model, save_pretrained
     from openglm.tokenizer import train_tokenizer
 
     path = Path(path)
@@ -39,7 +39,6 @@ def build_random_checkpoint(path: str | Path, preset: str = "tiny", vocab_size: 
     cfg = ModelConfig.from_preset(preset, vocab_size=tok.vocab_size, eos_token_id=tok.eos_id,
                                   pad_token_id=tok.pad_id, bos_token_id=tok.bos_ids[-1], **overrides)
     torch.manual_seed(seed)
-    model = GlmMoeDsaForCausalLM(cfg)
-    save_pretrained(model, path)
-    tok.save(path)
+    model = build_model(cfg)  # the preset's family: GlmMoeDsaForCausalLM, or glm5_next's subclass
+    save_pretrained(model, path, tokenizer=tok)
     return path

@@ -57,6 +57,13 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None  # number of top alternatives to return per token (0 = only the chosen one)
     grammar: str | None = None  # an llguidance grammar the output must match (engine/grammar.py)
+    # the thinking budget (engine/thinking.py): reasoning tokens after which </think> is forced (None: no limit),
+    # the (<think>, </think>) token ids, whether the prompt opened the reasoning (else the model may), and other
+    # tokens that end it (<tool_call> where tools are listed: a model may skip </think> and go straight to a call)
+    thinking_budget: int | None = None
+    think_ids: tuple[int, int] | None = None
+    thinking_open: bool = True
+    think_end_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -107,6 +114,14 @@ class SamplingParams:
                         f"{MAX_STOP_STRING_CHARS} characters")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             bad("stop_token_ids", "must hold non-negative integers")
+        if self.thinking_budget is not None:
+            if not _is_int(self.thinking_budget) or self.thinking_budget < 0:
+                bad("thinking_budget", "must be a non-negative integer")
+            ids = self.think_ids
+            if not (isinstance(ids, tuple) and len(ids) == 2 and all(_is_int(t) and t >= 0 for t in ids)):
+                bad("think_ids", "must be the (<think>, </think>) token ids when thinking_budget is set")
+        if not (isinstance(self.think_end_ids, tuple) and all(_is_int(t) and t >= 0 for t in self.think_end_ids)):
+            bad("think_end_ids", "must be a tuple of non-negative token ids")
 
     @property
     def greedy(self) -> bool:

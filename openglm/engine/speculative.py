@@ -118,7 +118,7 @@ class SpeculativeDecoder:
         """Drafts are verified without the sampler's per-token state, so rows that need it decode plainly."""
         p = seq.params
         return (not seq.is_finished and seq.matcher is None and p.logprobs is None and p.repetition_penalty == 1.0
-                and not p.presence_penalty and not p.frequency_penalty)
+                and not p.presence_penalty and not p.frequency_penalty and p.thinking_budget is None)
 
     def _propose(self, results: list[RowResult]) -> None:
         """Run the MTP layer over every position the main model just kept (its KV stays in step with the

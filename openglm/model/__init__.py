@@ -15,7 +15,7 @@ _EXPORTS = {
     "DynamicCache": "openglm.model.cache",
     "KVCache": "openglm.model.cache",
     "load_model": "openglm.model.checkpoint",
-    "save_pretrained": "openglm.model.checkpoint",
+    "save_pretrained": "openglm.model.save",
     "ModelConfig": "openglm.model.config",
     "CausalLMOutput": "openglm.model.model",
     "build_model": "openglm.model.model",

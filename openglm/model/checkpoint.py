@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints: `load_model(path)` and `save_pretrained(model, path)`.
+"""Hugging Face checkpoints: `load_model(path)` (writing them, `save_pretrained`, is save.py's; re-exported here).
 
 Layout: config.json + model.safetensors, or shards model-0000i-of-0000n.safetensors listed in
 model.safetensors.index.json. Loading treats every file as untrusted and checks, before memory-mapping
@@ -6,16 +6,14 @@ anything: the config (types, ranges, model type), the index (shards confined to 
 header (offsets within the file, so a truncated file is named), the dtypes (floating point only, one
 checkpoint dtype except the tensors the model keeps in fp32), and the total size against available memory.
 Then it reads each tensor (dequantising FP8 block-quantised weights, see fp8.py), rejects NaN/inf weights,
-and names the first missing or unexpected tensor. Saving writes a sibling temp directory and renames it
-into place, so a crash mid-save never leaves a half checkpoint that loads.
+and names the first missing or unexpected tensor.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
+import re
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -24,7 +22,6 @@ from pathlib import Path, PurePosixPath
 import psutil
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from openglm.model import fp8, int4
 from openglm.model.config import FP32_TENSORS, KEEP_FP32, ModelConfig
@@ -36,10 +33,10 @@ from openglm.model.hf_names import HFNames, extra_layer, hf_name
 from openglm.model.model import GlmMoeDsaForCausalLM, build_model
 from openglm.model.quantized import QuantizedWeight
 from openglm.model.rope import RotaryEmbedding
-from openglm.util.files import replace_dir, restore_replaced_dir
+from openglm.model.save import INDEX, SINGLE, save_pretrained  # noqa: F401 - save_pretrained: re-exported
+from openglm.util.dtypes import dtype_name
+from openglm.util.files import restore_replaced_dir
 
-INDEX = "model.safetensors.index.json"
-SINGLE = "model.safetensors"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # safetensors dtype -> (element bytes, torch dtype or None if openglm never loads it)
 _ST_DTYPES = {"F64": (8, torch.float64), "F32": (4, torch.float32), "BF16": (2, torch.bfloat16),
@@ -49,6 +46,10 @@ _ST_DTYPES = {"F64": (8, torch.float64), "F32": (4, torch.float32), "BF16": (2, 
 _FLOAT = {"F64", "F32", "BF16", "F16"}
 _ST_NAMES = {"F64": "float64", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 MAX_HEADER_BYTES = 100 << 20
+MAX_CONFIG_BYTES = 1 << 20  # a GLM config.json is a few KB; per-layer lists of MAX_LAYERS layers stay far below this
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.")
+_JSON_KEY = re.compile(r'"((?:[^"\\\n]|\\.){1,200})"\s*:')
 
 
 @dataclass
@@ -65,104 +66,11 @@ class TensorInfo:
         return n
 
 
-def save_pretrained(model: GlmMoeDsaForCausalLM, path, max_shard_size: int = 2 << 30,
-                    quantization: fp8.Fp8Config | int4.Int4Config | None = None) -> None:
-    """Write `model` as a Hugging Face checkpoint; with `quantization`, as an FP8 block-quantised one (the
-    format of the -FP8 releases, which vLLM and SGLang serve) or an int4 one (`int4.py`)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    names = family_of(model.config.model_type).hf_names
-    tensors = _hf_state_dict(model, names)
-    kept = getattr(model, "vision_extra", {})
-    if quantization is not None:
-        skip = quantization.modules_to_not_convert
-        extra = list(names.fp8_not_convert) + _kept_not_convert(model, kept, names)
-        skip = skip + [m for m in extra if m not in skip]
-        quantization = (int4.Int4Config(quantization.group, skip) if isinstance(quantization, int4.Int4Config)
-                        else fp8.Fp8Config(quantization.block, skip))
-        tensors = _quantized(tensors, quantization)
-    tensors.update(kept)  # as loaded: the same bytes go back
-    shards = _split(tensors, max_shard_size)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
-        cfg = model.config.to_hf_dict()
-        cfg["dtype"] = str(model.dtype).removeprefix("torch.")
-        if quantization is not None:
-            cfg["quantization_config"] = quantization.to_hf()
-        _write_json(tmp / "config.json", cfg)
-        names = [SINGLE] if len(shards) == 1 else [
-            f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-        for name, shard in zip(names, shards):
-            save_file(shard, str(tmp / name), metadata={"format": "pt"})
-        if len(shards) > 1:
-            total = sum(t.numel() * t.element_size() for t in tensors.values())
-            weight_map = {k: name for name, shard in zip(names, shards) for k in shard}
-            _write_json(tmp / INDEX, {"metadata": {"total_size": total}, "weight_map": weight_map})
-        replace_dir(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _hf_state_dict(model, names: HFNames) -> dict[str, torch.Tensor]:
-    out = {}
-    n = model.config.num_hidden_layers
-    tensors = dict(model.state_dict())  # quantised weights are buffers outside it: written dequantised
-    tensors.update((name, b.dequantize()) for name, b in model.named_buffers() if isinstance(b, QuantizedWeight))
-    for name, t in tensors.items():
-        if name == "lm_head.weight" and model.config.tie_word_embeddings:
-            continue
-        for disk_name, piece in names.to_hf(hf_name(name, n), t.detach()):
-            # Expert slices share storage with the stacked tensor; safetensors wants separate storage.
-            out[names.disk(disk_name)] = piece.contiguous() if piece is t else piece.clone()
-    for disk_name, t in getattr(model, "mtp_extra", {}).items():
-        out[disk_name] = t.detach().contiguous()
-    return out
-
-
-def _kept_not_convert(model, kept: dict[str, torch.Tensor], names: HFNames) -> list[str]:
-    """What an FP8 config.json says of the tensors kept as stored (a vision tower): unquantised ones are not
-    converted at all; FP8 ones (from an FP8 source) keep the source's word on them."""
-    if not kept:
-        return []
-    if not any(name.endswith(fp8.SCALE_SUFFIX) for name in kept):
-        return list(names.kept)
-    return list(getattr(model, "kept_not_convert", []))
-
-
-def _quantized(tensors: dict[str, torch.Tensor], q: fp8.Fp8Config | int4.Int4Config) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, t in tensors.items():
-        if not q.converts(name, t):
-            out[name] = t
-        elif isinstance(q, int4.Int4Config):
-            out[name], out[name + int4.SCALE_SUFFIX] = q.quantize(t)
-        else:
-            out[name], out[name + fp8.SCALE_SUFFIX] = fp8.quantize(t, q.block)
-    return out
-
-
 def parse_quantization(qc) -> fp8.Fp8Config | int4.Int4Config | None:
     """The quantisation of a config.json's quantization_config: FP8 blocks, openglm's int4, or None."""
     if isinstance(qc, dict) and qc.get("quant_method") == int4.METHOD:
         return int4.parse(qc)
     return fp8.parse_quantization_config(qc)
-
-
-def _split(tensors: dict, max_bytes: int) -> list[dict]:
-    shards, current, size = [], {}, 0
-    for name, t in tensors.items():
-        n = t.numel() * t.element_size()
-        if current and size + n > max_bytes:
-            shards.append(current)
-            current, size = {}, 0
-        current[name] = t
-        size += n
-    return shards + [current]
-
-
-def _write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
@@ -181,18 +89,32 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def read_config_json(path) -> dict:
-    """config.json of a checkpoint folder as a dict (CheckpointError naming the file if unreadable)."""
+    """config.json of a checkpoint folder as a dict (CheckpointError naming the file if unreadable; ConfigError naming
+    the key whose value makes the file larger than a config can need, read no further)."""
     restore_replaced_dir(path)  # a save killed between its renames
     cfg_file = Path(path) / "config.json"
     if not cfg_file.is_file():
         raise MissingShardError(f"{cfg_file}: no config.json (is {path} a Hugging Face checkpoint directory?)")
+    with open(cfg_file, "rb") as f:
+        raw = f.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        key = _last_key(raw.decode("utf-8", errors="replace"))
+        raise ConfigError(f"{cfg_file}: {'the value of ' + repr(key) + ' makes ' if key else ''}the file "
+                          f"{cfg_file.stat().st_size:,} bytes, more than a model config can need (at most "
+                          f"{MAX_CONFIG_BYTES:,})")
     try:
-        d = json.loads(cfg_file.read_text())
+        d = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{cfg_file}: invalid JSON ({e})") from e
     if not isinstance(d, dict):
         raise ConfigError(f"{cfg_file}: expected a JSON object, got {type(d).__name__}")
     return d
+
+
+def _last_key(text: str) -> str | None:
+    """The last `"key":` of a JSON text's beginning: the key whose value runs past where the text was cut."""
+    keys = _JSON_KEY.findall(text)
+    return keys[-1] if keys else None
 
 
 def read_config(path, d: dict | None = None) -> ModelConfig:
@@ -329,18 +251,39 @@ def checkpoint_dtype(tensors: dict[str, TensorInfo], declared: str | None,
 def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu",
                max_memory: int | None = None) -> GlmMoeDsaForCausalLM:
     """Load a Hugging Face checkpoint directory (glm_moe_dsa, glm4_moe, glm4_moe_lite, glm5_next; bf16/fp16/fp32 or
-    FP8 block-quantised) into GlmMoeDsaForCausalLM (or its family's subclass; eval mode). `dtype`: the weights' dtype (default: the
-    checkpoint's). Every bad input raises a ModelError subclass naming the key, tensor or file."""
+    FP8 block-quantised) into GlmMoeDsaForCausalLM (or its family's subclass; eval mode). `dtype`: the weights'
+    dtype (default: the checkpoint's; bf16/bfloat16, fp16/float16, fp32/float32 or a torch dtype). Every bad input raises a ModelError
+    subclass naming the key, tensor or file; running out of memory anyway is CheckpointTooLargeError, one line."""
+    try:
+        return _load(path, dtype, device, max_memory)
+    except CheckpointTooLargeError:
+        raise
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
+            raise
+        detail = f" ({' '.join(str(e).split())[-160:]})" if str(e) else ""
+        raise CheckpointTooLargeError(f"ran out of memory loading checkpoint {path}{detail}: pick a smaller dtype "
+                                      "(--dtype bf16), a quantised checkpoint, or a machine with more memory") from None
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Python's MemoryError, or torch's allocator failing (a RuntimeError on the CPU, OutOfMemoryError on a GPU)."""
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)
+
+
+def _load(path, dtype, device, max_memory) -> GlmMoeDsaForCausalLM:
     raw = read_config_json(path)
     cfg = read_config(path, raw)
     quant = parse_quantization(raw.get("quantization_config"))
     if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-        dtype = DTYPES[dtype]
+        try:
+            dtype = DTYPES[dtype_name(dtype)]
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     files = shard_files(path)
     tensors = read_headers(files)
     names = family_of(cfg.model_type).hf_names.reading(tensors)
+    check_sizes_against_weights(Path(path), cfg, tensors, names)  # before a model of the config's sizes is built
     declared = raw.get("dtype", raw.get("torch_dtype"))
     if declared is not None and not isinstance(declared, str):
         raise ConfigError(f"config.json dtype={declared!r} must be a string")
@@ -371,6 +314,40 @@ def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu"
     if hasattr(model.model, "rotary_emb"):
         model.model.rotary_emb = RotaryEmbedding(cfg).to(device)  # non-persistent buffer: rebuild off meta
     return model.eval()
+
+
+def check_sizes_against_weights(path: Path, cfg: ModelConfig, tensors: dict[str, TensorInfo],
+                                names: HFNames) -> None:
+    """The config's layer count, expert count and embedding shape against the tensors the headers list (ConfigError
+    naming the key): a config that names more of them than the weights hold is refused before anything is built
+    per layer or per expert. `names`: the family's on-disk names (a multimodal checkpoint's text model sits under
+    a prefix)."""
+    layers, experts, text = set(), {}, {}
+    for disk_name, info in tensors.items():
+        name = names.from_disk(disk_name)
+        text[name] = info
+        m = _EXPERT.match(name)
+        if m:
+            layer, e = int(m.group(1)), int(m.group(2))
+            experts[layer] = max(experts.get(layer, 0), e + 1)
+        m = _LAYER.match(name)
+        if m:
+            layers.add(int(m.group(1)))
+    where = f"{path / 'config.json'}"
+    n = cfg.num_hidden_layers
+    if n - 1 not in layers:
+        held = f"layers 0..{max(layers)}" if layers else "no decoder layer"
+        raise ConfigError(f"{where}: num_hidden_layers={n}, but the weights hold {held}")
+    for layer in cfg.moe_layers:
+        stacked = text.get(f"model.layers.{layer}.mlp.experts.gate_up_proj")
+        count = stacked.shape[0] if stacked is not None and stacked.shape else experts.get(layer)
+        if count is not None and count != cfg.n_routed_experts:
+            raise ConfigError(f"{where}: n_routed_experts={cfg.n_routed_experts}, but layer {layer}'s weights hold "
+                              f"{count} experts")
+    embed = text.get("model.embed_tokens.weight")
+    if embed is not None and embed.shape != (cfg.vocab_size, cfg.hidden_size):
+        raise ConfigError(f"{where}: vocab_size={cfg.vocab_size}, hidden_size={cfg.hidden_size}, but "
+                          f"model.embed_tokens.weight is {list(embed.shape)}")
 
 
 def _fill(cfg, path, handles, quant, target, device, names: HFNames):

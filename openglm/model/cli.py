@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+
+from openglm.util.dtypes import argparse_dtype
 
 
 def register(subparsers):
     p = subparsers.add_parser("info", help="parameter counts and weight memory of a model preset or checkpoint")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", default="small",
-                     help="preset name: tiny, small, glm-5, glm-4.5, glm-4.5-air, glm-4.6, glm-4.7, glm-4.7-flash, "
-                          "glm-5.3-flash, ... "
+                     help="preset name: tiny, small, glm-5 (also glm-5.1), glm-4.5, glm-4.5-air, glm-4.6, glm-4.7, "
+                          "glm-4.7-flash, glm-5.3-flash, ...; published names such as zai-org/GLM-5.1-FP8 name their "
+                          "shape "
                           "(default: small)")
-    src.add_argument("--checkpoint", help="a Hugging Face checkpoint directory (reads its config.json only)")
+    src.add_argument("--checkpoint", help="a Hugging Face checkpoint directory, or a run folder (its latest "
+                                          "checkpoint); reads its config.json only")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a ModelConfig field (JSON value), e.g. --set num_hidden_layers=4")
     p.add_argument("--json", action="store_true", help="print JSON (keys total_params, active_params, ...)")
@@ -25,10 +30,16 @@ def register(subparsers):
 
     c = subparsers.add_parser("convert", help="rewrite a checkpoint: change its dtype, FP8 block-quantise it, "
                                               "int4-quantise it, or dequantise a quantised one")
-    c.add_argument("source", help="checkpoint directory to read (any format `openglm serve` loads)")
-    c.add_argument("dest", help="directory to write (replaced atomically if it exists)")
-    c.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
-                   help="dtype of the written weights (default: the source's; an FP8 source: its unquantised dtype)")
+    c.add_argument("source", help="checkpoint directory to read (any format `openglm serve` loads), or a run folder "
+                                  "(its latest checkpoint)")
+    c.add_argument("dest", help="directory to write (replaced atomically if it exists); the source's tokenizer "
+                                "files and chat template are copied beside the weights")
+    c.add_argument("--dtype", type=argparse_dtype(), default=None, metavar="DTYPE",
+                   help="dtype of the written weights: bf16, fp16 or fp32 (also bfloat16, float16, float32; default: "
+                        "the source's; an FP8 source: its unquantised dtype)")
+    c.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="folder whose tokenizer files and chat template to write beside the weights (default: the "
+                        "source's)")
     c.add_argument("--fp8", action="store_true",
                    help="write FP8 e4m3 block-quantised weights with *.weight_scale_inv (default: off)")
     c.add_argument("--fp8-block", default="128,128", metavar="ROWS,COLS",
@@ -44,16 +55,21 @@ def register(subparsers):
 
 
 def cmd_info(args) -> int:
-    from openglm.model.checkpoint import read_config  # torch: loaded when the command runs, `openglm --help` stays fast
+    # torch: loaded when the command runs, `openglm --help` stays fast
+    from openglm.model.checkpoint import read_config, resolve_checkpoint
     from openglm.model.config import ModelConfig
     from openglm.model.errors import ModelError
-    from openglm.model.parallel import ParallelLayout, format_memory_report, memory_report
+    from openglm.model.parallel import (
+        ParallelLayout,
+        format_memory_report,
+        memory_report,
+    )
     from openglm.model.params import format_report, parameter_report
 
     try:
         overrides = dict(parse_override(s) for s in args.set)
         if args.checkpoint:
-            name, cfg = args.checkpoint, read_config(args.checkpoint).replace(**overrides)
+            name, cfg = args.checkpoint, read_config(resolve_checkpoint(args.checkpoint)).replace(**overrides)
         else:
             name, cfg = args.preset, ModelConfig.from_preset(args.preset, **overrides)
         layout = ParallelLayout.parse(args.parallel) if args.parallel else None
@@ -86,11 +102,12 @@ def _check_layout(layout, cfg) -> None:
 
 def cmd_convert(args) -> int:
     # torch: loaded when the command runs, `openglm --help` stays fast
-    from openglm.model.checkpoint import load_model, save_pretrained
+    from openglm.model.checkpoint import load_model, resolve_checkpoint
     from openglm.model.config import export_warnings
     from openglm.model.errors import ModelError
     from openglm.model.fp8 import Fp8Config
     from openglm.model.int4 import Int4Config
+    from openglm.model.save import TOKENIZER_FILE, save_pretrained, tokenizer_source
 
     if args.fp8 and args.int4:
         print("error: --fp8 and --int4 exclude each other: pick one quantisation", file=sys.stderr)
@@ -103,14 +120,21 @@ def cmd_convert(args) -> int:
         print(f"error: --fp8-block {args.fp8_block!r}: expected two positive integers ROWS,COLS", file=sys.stderr)
         return 1
     try:
-        model = load_model(args.source, dtype=args.dtype)
-        quant = Fp8Config(block) if args.fp8 else Int4Config(args.int4_group) if args.int4 else None
-        save_pretrained(model, args.dest, max_shard_size=args.max_shard_size, quantization=quant)
+        source = resolve_checkpoint(args.source)
+        tokenizer = Path(args.tokenizer) if args.tokenizer else source if (source / TOKENIZER_FILE).is_file() else None
+        tokenizer_source(tokenizer, Path(args.dest))  # a --tokenizer without tokenizer.json: refused before loading
+        model = load_model(source, dtype=args.dtype)
+        save_pretrained(model, args.dest, max_shard_size=args.max_shard_size,
+                        quantization=Fp8Config(block) if args.fp8 else Int4Config(args.int4_group) if args.int4
+                        else None, tokenizer=tokenizer)
     except (ModelError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     for warning in export_warnings(model.config):
         print(f"warning: vLLM/SGLang would not reproduce this model: {warning}", file=sys.stderr)
+    if tokenizer is None:
+        print(f"warning: {source} has no {TOKENIZER_FILE}, so {args.dest} has weights only: serve it with "
+              "--tokenizer PATH, or convert again with --tokenizer PATH", file=sys.stderr)
     kind = (f"FP8 e4m3 blocks {block[0]}x{block[1]}, other weights " if args.fp8 else
             f"int4 groups of {args.int4_group}, other weights " if args.int4 else "")
     print(f"wrote {args.dest} ({model.config.model_type}, {kind}{str(model.dtype).removeprefix('torch.')})")

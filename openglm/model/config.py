@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from openglm.model.errors import ConfigError, UnknownModelTypeError
-from openglm.model.presets import PRESETS, TRANSFORMERS_DEFAULTS
+from openglm.model.presets import PRESETS, TRANSFORMERS_DEFAULTS, preset_name
 
 MODEL_TYPE = "glm_moe_dsa"
 ARCHITECTURES = {"glm_moe_dsa": "GlmMoeDsaForCausalLM", "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
@@ -59,6 +59,27 @@ OPENGLM_OPTIONS = (
     "lgr_seed", "attn_query_chunk", "router", "cv_loss_coef", "switch_loss_coef", "z_loss_coef",
     "capacity_factor", "router_context", "router_context_dim", "router_context_window",
 )
+# The largest value each size may take: far beyond any published model, small enough that nothing openglm does per
+# layer, expert or list element (the checks, a model built on the meta device) runs long before a weight is read.
+# A config is untrusted input: a billion layers must be refused at once, not after minutes of list building.
+MAX_LAYERS = 1024  # num_hidden_layers + num_nextn_predict_layers
+LIMITS = {
+    "vocab_size": 1 << 22, "hidden_size": 1 << 16, "intermediate_size": 1 << 18, "moe_intermediate_size": 1 << 18,
+    "num_hidden_layers": MAX_LAYERS, "num_nextn_predict_layers": 16, "num_attention_heads": 1024,
+    "num_key_value_heads": 1024, "n_shared_experts": 64, "n_routed_experts": 8192, "num_experts_per_tok": 8192,
+    "n_group": 8192, "topk_group": 8192, "first_k_dense_replace": MAX_LAYERS, "kv_lora_rank": 1 << 16,
+    "q_lora_rank": 1 << 16, "qk_rope_head_dim": 4096, "v_head_dim": 4096, "qk_nope_head_dim": 4096,
+    "head_dim": 4096, "index_head_dim": 4096, "index_n_heads": 1024, "index_topk": 1 << 24,
+    "max_position_embeddings": 1 << 24, "sliding_window": 1 << 24, "lgr_local_window": 1 << 24,
+    "lgr_global_stride": 1 << 24, "lgr_random": 1 << 24, "attn_query_chunk": 1 << 24,
+    "router_context_dim": 1 << 12, "router_context_window": 1 << 20,
+    "linear_num_heads": 1024, "linear_head_dim": 4096, "linear_conv_kernel_dim": 64, "hc_mult": 64,
+    "hc_sinkhorn_iters": 1000, "index_kpool": 1 << 16,
+}
+LAYER_LISTS = ("mlp_layer_types", "indexer_types", "attention_kinds", "layer_types")
+MAX_ROPE_THETA = 3.4028234663852886e38  # RoPE's frequencies are powers of it in float32: beyond, they are inf
+
+
 @dataclass
 class ModelConfig:
     model_type: str = MODEL_TYPE  # one of ARCHITECTURES
@@ -137,6 +158,7 @@ class ModelConfig:
     router_context_window: int = 32  # tokens the summary reaches back (the current one included)
 
     def __post_init__(self):
+        check_sizes(self)  # before any per-layer or per-element work
         check_field_types(self)
         n = self.num_hidden_layers
         if self.mlp_layer_types is None:
@@ -278,9 +300,11 @@ class ModelConfig:
     # ---- presets and (de)serialisation ----
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "ModelConfig":
-        if name not in PRESETS:
-            raise ConfigError(f"unknown preset {name!r} (available: {', '.join(PRESETS)})")
-        values = {**PRESETS[name], **overrides}
+        key = preset_name(name)
+        if key is None:
+            raise ConfigError(f"unknown preset {name!r} (available: {', '.join(PRESETS)}; published names such as "
+                              "GLM-5.1 or zai-org/GLM-4.7-FP8 name the preset of their shape)")
+        values = {**PRESETS[key], **overrides}
         unknown = set(values) - {f.name for f in fields(cls)}
         if unknown:
             raise ConfigError(f"unknown ModelConfig field(s): {', '.join(sorted(unknown))}")
@@ -333,10 +357,12 @@ class ModelConfig:
                 values[name] = d[alias]
         values["rope_parameters"] = _rope_from_hf(d)
         n = values.get("num_hidden_layers", 78)
+        if _is_type(n, "int") and not 0 < n <= MAX_LAYERS:  # the lists below have n entries: bound n first
+            raise ConfigError(f"num_hidden_layers={n} must be in [1, {MAX_LAYERS}]")
         if model_type == "glm4_moe":  # transformers picks MoE layers by first_k_dense_replace
             k = values.get("first_k_dense_replace", 1)
-            values["mlp_layer_types"] = None if not isinstance(k, int) or not isinstance(n, int) else \
-                ["dense"] * min(k, n) + ["sparse"] * max(n - k, 0)
+            k = min(max(k, 0), n) if _is_type(k, "int") and _is_type(n, "int") else None  # its range: checked later
+            values["mlp_layer_types"] = None if k is None else ["dense"] * k + ["sparse"] * (n - k)
         elif model_type == "glm4_moe_lite" and d.get("mlp_layer_types") is None and isinstance(n, int):
             values["mlp_layer_types"] = ["dense"] + ["sparse"] * (n - 1)  # transformers' default for the lite model
         if model_type in DSA_TYPES and d.get("indexer_types") is None and isinstance(n, int):
@@ -427,12 +453,37 @@ def _check_engine_keys(d: dict) -> None:
 _TYPES = {"int": int, "float": (int, float), "bool": bool, "str": str, "dict": dict, "None": type(None)}
 
 
+def check_sizes(cfg: ModelConfig) -> None:
+    """The sizes everything else is built from, checked in time independent of them: each an int within LIMITS (a
+    float or a string is left to check_field_types), the layer count with its next-n layers within MAX_LAYERS,
+    and each per-layer list as long as the layer count (before any of its elements is looked at)."""
+    for name, limit in LIMITS.items():
+        value = getattr(cfg, name)
+        if _is_type(value, "int") and value > limit:
+            raise ConfigError(f"{name}={value} is beyond what openglm accepts (at most {limit:,})")
+    n, k = cfg.num_hidden_layers, cfg.num_nextn_predict_layers
+    if _is_type(n, "int") and _is_type(k, "int") and n + k > MAX_LAYERS:
+        raise ConfigError(f"num_hidden_layers={n} + num_nextn_predict_layers={k} is beyond what openglm accepts "
+                          f"(at most {MAX_LAYERS} layers)")
+    for name in LAYER_LISTS:
+        value = getattr(cfg, name)
+        if value is not None and not isinstance(value, list):
+            raise ConfigError(f"{name}={_short(value)}: expected a list of one entry per layer")
+        if value is not None and _is_type(n, "int") and len(value) != n:
+            raise ConfigError(f"{name} has {len(value)} entries, num_hidden_layers is {n}")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text):,} characters)"
+
+
 def check_field_types(cfg: ModelConfig) -> None:
     """Each field holds a value of its annotated type (a JSON string "64" or "false" is not an int or a bool)."""
     for f in fields(cfg):
         value = getattr(cfg, f.name)
         if not any(_is_type(value, alt.strip()) for alt in str(f.type).split("|")):
-            raise ConfigError(f"{f.name}={value!r}: expected {f.type}, got {type(value).__name__}")
+            raise ConfigError(f"{f.name}={_short(value)}: expected {f.type}, got {type(value).__name__}")
 
 
 def _is_type(value, name: str) -> bool:
@@ -465,9 +516,12 @@ def _check_ranges(cfg: ModelConfig) -> None:
                  "qk_nope_head_dim", "sliding_window", "lgr_local_window", "lgr_global_stride", "lgr_random", "hc_eps"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 0")
+    if cfg.attn_query_chunk is not None and cfg.attn_query_chunk < 1:
+        raise ConfigError(f"attn_query_chunk={cfg.attn_query_chunk} must be >= 1 (or null: sized automatically)")
     theta = cfg.rope_parameters.get("rope_theta")
-    if not _is_type(theta, "float") or theta <= 0:
-        raise ConfigError(f"rope_parameters.rope_theta={theta!r} must be a finite number > 0")
+    if not _is_type(theta, "float") or not 0 < theta <= MAX_ROPE_THETA:
+        raise ConfigError(f"rope_parameters.rope_theta={theta!r} must be a number in (0, {MAX_ROPE_THETA:.3g}] (RoPE's "
+                          "frequencies are its powers in float32)")
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         ids = getattr(cfg, name)
         for i in ids if isinstance(ids, list) else [] if ids is None else [ids]:
@@ -596,8 +650,13 @@ def _indexer_types_from_hf(d: dict, n: int) -> list[str]:
     """Same schedule as transformers: a pattern ('FSS...') wins, else the freq/offset rule."""
     pattern = d.get("index_topk_pattern")
     if pattern is not None:
-        if not isinstance(pattern, str) or set(pattern) - {"F", "S"}:
-            raise ConfigError(f"index_topk_pattern={pattern!r} must be a string of 'F' and 'S'")
+        if not isinstance(pattern, str):
+            raise ConfigError(f"index_topk_pattern={_short(pattern)} must be a string of 'F' and 'S'")
+        if len(pattern) != n:  # before looking at its characters: a pattern may be 10^8 of them
+            raise ConfigError(f"index_topk_pattern has {len(pattern):,} characters, num_hidden_layers is {n}: one "
+                              "'F' or 'S' per layer")
+        if set(pattern) - {"F", "S"}:
+            raise ConfigError(f"index_topk_pattern={_short(pattern)} must be a string of 'F' and 'S'")
         return [{"F": "full", "S": "shared"}[c] for c in pattern]
     freq, offset = d.get("index_topk_freq", 1), d.get("index_skip_topk_offset", 2)
     if not _is_type(freq, "int") or not _is_type(offset, "int"):

@@ -9,6 +9,7 @@ Its entries:
 - `hidden_states(...)`: every position's final-norm hidden state, no LM head; `logits(hidden)` then applies the head
   to the positions a caller keeps (speculative verification, a long prefill's last position).
 - `mtp_forward(hidden, next_ids, ...)`: one next-n layer (the engine's speculative drafts), `mtp_logits` its logits.
+- `save_pretrained(path, tokenizer=...)`: a Hugging Face checkpoint, tokenizer beside the weights (save.py).
 Each entry picks its paths once (`fast.choose`): the reference path, or the inference fast paths.
 
 Parameter names equal transformers' on-disk names except the routed experts, which are stored
@@ -32,6 +33,7 @@ from openglm.model.moe import MLP, MoE, Experts
 from openglm.model.norm import RMSNorm
 from openglm.model.rope import RotaryEmbedding
 from openglm.model.router import Router
+from openglm.model.save import save_pretrained as write_checkpoint
 
 
 @dataclass
@@ -281,6 +283,13 @@ class GlmMoeDsaForCausalLM(nn.Module):
         assigned = sum(s.assigned for s in layer_stats)
         return MoEStats(aux + zero, losses, torch.stack([s.counts for s in layer_stats]),
                         sum(s.dropped for s in layer_stats) / max(assigned, 1))
+
+    def save_pretrained(self, path, tokenizer=None, max_shard_size: int = 2 << 30, quantization=None):
+        """Write this model as a Hugging Face checkpoint at `path` (transformers' method name); `tokenizer`: an
+        openglm Tokenizer or a folder holding one, written beside the weights so the folder can be served. See
+        openglm/model/save.py."""
+        return write_checkpoint(self, path, max_shard_size=max_shard_size, quantization=quantization,
+                                tokenizer=tokenizer)
 
 
 def default_position_ids(attention_mask, B, past, T, device) -> torch.Tensor:

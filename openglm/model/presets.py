@@ -121,6 +121,31 @@ PRESETS["glm-4.5-air"] = {**PRESETS["glm-4.5"], "hidden_size": 4096, "intermedia
 PRESETS["glm-4.6"] = {**PRESETS["glm-4.5"], "max_position_embeddings": 202752}
 PRESETS["glm-4.7"] = dict(PRESETS["glm-4.6"])
 
+# What users type for the published models -> the preset of that shape. GLM-5.1 is GLM-5's architecture with new
+# weights; the organisation prefix ("zai-org/"), the case and an "-FP8" suffix (the same shape, quantised) are
+# ignored by `preset_name`.
+ALIASES: dict[str, str] = {
+    "glm-5.1": "glm-5", "glm5": "glm-5", "glm5.1": "glm-5",
+    "glm4.5": "glm-4.5", "glm4.5-air": "glm-4.5-air", "glm-4.5air": "glm-4.5-air", "glm4.6": "glm-4.6",
+    "glm4.7": "glm-4.7", "glm4.7-flash": "glm-4.7-flash", "glm-4.7flash": "glm-4.7-flash",
+}
+ORGANISATIONS = ("zai-org/", "thudm/")
+
+
+def preset_name(name: str) -> str | None:
+    """The preset `name` means ('GLM-5.1', 'zai-org/GLM-4.7-FP8', 'glm5' ...), or None when none."""
+    if not isinstance(name, str):
+        return None
+    if name in PRESETS:
+        return name
+    key = name.strip().lower()
+    for org in ORGANISATIONS:
+        key = key.removeprefix(org)
+    key = key.removesuffix("-fp8")
+    key = ALIASES.get(key, key)
+    return key if key in PRESETS else None
+
+
 TRANSFORMERS_DEFAULTS: dict[str, dict] = {
     "glm_moe_dsa": {},  # ModelConfig's defaults are GlmMoeDsaConfig's
     "glm4_moe": dict(  # Glm4MoeConfig

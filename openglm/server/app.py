@@ -1,5 +1,8 @@
 """The FastAPI application: routes, API-key check and OpenAI-style error handling.
 
+Routes: `/v1/models`, `/v1/completions`, `/v1/chat/completions`, `/v1/responses`, vLLM's `/tokenize`,
+`/detokenize` and `/version`, `/health`, `/metrics`, `/status` (+ `/v1/status`).
+
 `create_app(engine, ...)` wires an `LLMEngine` behind the OpenAI API; the engine runs in its own
 thread, started and stopped with the app's lifespan. With a key, everything but `/health` needs it
 (`/metrics` too, unless `public_metrics`); the interactive docs pages are off (they load their
@@ -9,6 +12,9 @@ assets from a CDN) and the OpenAPI schema is served behind the key.
 from __future__ import annotations
 
 import contextlib
+import gc
+import importlib.metadata
+import json
 import time
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -25,21 +31,47 @@ from openglm.server.serving import OpenAIServing
 from openglm.server.status_page import register as register_status_page
 from openglm.util.auth import Access, access
 
+try:
+    VERSION = importlib.metadata.version("openglm")
+except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+    VERSION = "unknown"
+
+
+async def json_body(request: Request):
+    """The request body as JSON (routes whose body is validated in several shapes read it themselves)."""
+    try:
+        return json.loads(await request.body())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise APIError(400, "the request body is not valid JSON", param="body") from None
+
+
 def create_app(engine, model_name: str, api_key: str | None = None, public_metrics: bool = False,
-               limits: ServerLimits | None = None, json_whitespace: str = "compact") -> FastAPI:
+               limits: ServerLimits | None = None, json_whitespace: str = "compact",
+               default_chat_template_kwargs: dict | None = None, thinking_token_budget: int | None = None) -> FastAPI:
+    """`default_chat_template_kwargs` and `thinking_token_budget` apply where a chat request sets neither
+    (server/thinking.py)."""
     if api_key is not None and not api_key.strip():
         raise ValueError("the API key is empty: pass a non-empty key, or none to serve without one")
     limits = limits or ServerLimits()
     metrics = ServerMetrics()
     async_engine = AsyncEngine(engine, limits.max_queue, metrics)
-    serving = OpenAIServing(async_engine, model_name, json_whitespace)
+    serving = OpenAIServing(async_engine, model_name, json_whitespace, default_chat_template_kwargs,
+                            thinking_token_budget, limits)
     metrics.observe_engine(engine)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        serving.prepare.start()  # the worker processes that render, tokenise and compile grammars
         async_engine.start()
+        # What exists now (the model, the modules: ~350k objects) lives as long as the server; a full collection
+        # scanned it all (~0.2 s with the GIL held: the event loop and the engine stood still), and a request that
+        # makes many objects (a schema of 10,000 properties) set one off. Frozen, it is never scanned again.
+        gc.collect()
+        gc.freeze()
         yield
+        gc.unfreeze()  # (for a process that goes on: tests start and stop servers)
         async_engine.shutdown()
+        serving.prepare.close()
 
     app = FastAPI(title="openglm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limits=limits)
@@ -67,7 +99,8 @@ def create_app(engine, model_name: str, api_key: str | None = None, public_metri
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        return await api_error(request, APIError(exc.status_code, str(exc.detail)))
+        param = "body" if exc.status_code == 400 else None
+        return await api_error(request, APIError(exc.status_code, str(exc.detail), param=param))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
@@ -107,6 +140,23 @@ def create_app(engine, model_name: str, api_key: str | None = None, public_metri
     @v1.post("/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         return await serving.chat(req, request)
+
+    @v1.post("/responses")
+    async def responses(request: Request):
+        return await serving.responses(await json_body(request), request)
+
+    # vLLM's utility routes (outside /v1, behind the key like everything but /health)
+    @app.post("/tokenize", dependencies=[Depends(check_api_key)])
+    async def tokenize(request: Request):
+        return await serving.tokenize(await json_body(request))
+
+    @app.post("/detokenize", dependencies=[Depends(check_api_key)])
+    async def detokenize(request: Request):
+        return await serving.detokenize(await json_body(request))
+
+    @app.get("/version", dependencies=[Depends(check_api_key)])
+    async def version():
+        return {"version": VERSION}
 
     app.include_router(v1)
     register_status_page(app, metrics, v1.dependencies)  # /status page, its data at /v1/status

@@ -3,8 +3,9 @@
 Handlers never change the engine: they post commands (add / abort) to a thread-safe queue and read
 their outputs from an asyncio.Queue that the engine thread feeds with `call_soon_threadsafe`. The
 event loop therefore never waits on a model step, and the engine is only ever stepped by one thread.
-Each HTTP request gets one `RequestStream` over the engine requests of all its prompts; it turns the engine's
-outputs (whole texts so far) into what a stream sends: per choice, what is new since the previous output.
+Each HTTP request gets one `RequestStream` over the engine requests of all its prompts; it hands on the engine's
+outputs with, per choice, what is new since the previous output (the engine reports only that while a request
+runs, and the whole output once it finishes).
 """
 
 from __future__ import annotations
@@ -59,18 +60,21 @@ class AsyncEngine:
             raise APIError(503, f"the server is at capacity ({self.max_queue} requests in flight); retry later",
                            code="server_busy", retry_after=RETRY_AFTER_S)
         stream = RequestStream(self, asyncio.get_running_loop(), is_disconnected)
+        group = f"g{next(self._ids)}"  # the scheduler shares the batch fairly between HTTP requests
         for index, (ids, sp) in enumerate(zip(prompts, params)):
             request_id = f"r{next(self._ids)}"
             stream.request_ids.append(request_id)
             self.streams[request_id] = (stream, index)
-            self.commands.put(("add", request_id, ids, sp))
+            self.commands.put(("add", request_id, ids, sp, group))
         return stream
 
     def check_fits(self, num_prompts: int) -> None:
-        """A request with more prompts than the queue holds can never be admitted: a 400, not a 503."""
-        if num_prompts > self.max_queue:
-            raise APIError(400, f"{num_prompts} prompts in one request; this server queues at most "
-                                f"{self.max_queue} requests at a time", param="prompt")
+        """One request may hold at most half the queue (so that it cannot shut every other client out while it
+        runs); more prompts than that can never be admitted: a 400, not a 503."""
+        most = max(1, self.max_queue // 2)
+        if num_prompts > most:
+            raise APIError(400, f"{num_prompts} prompts in one request; this server takes at most {most} per "
+                                f"request (half of the {self.max_queue} requests it queues)", param="prompt")
 
     def release(self, request_id: str) -> None:
         """The consumer is gone: stop the request and free its blocks (idempotent)."""
@@ -108,15 +112,15 @@ class AsyncEngine:
 
     def _apply(self, cmd: tuple) -> None:
         if cmd[0] == "add":
-            _, rid, prompt_ids, params = cmd
+            _, rid, prompt_ids, params, group = cmd
             if rid not in self.streams:  # the client left before the engine got to it: an abort all the same
                 if self.metrics is not None:
                     self.metrics.requests.labels(finish_reason="abort").inc()
                 return
             try:
-                self.engine.add_request(prompt_ids, params, request_id=rid)
-            except ValueError as exc:
-                self._send(rid, APIError(400, str(exc)))
+                self.engine.add_request(prompt_ids, params, request_id=rid, group=group)
+            except ValueError as exc:  # the prompt (checked before already: not expected)
+                self._send(rid, APIError(400, str(exc), param="prompt"))
         elif cmd[0] == "abort":
             self._abort(cmd[1])
 
@@ -182,7 +186,6 @@ class RequestStream:
         self.engine, self.loop, self.is_disconnected = engine, loop, is_disconnected
         self.queue: asyncio.Queue = asyncio.Queue()  # (prompt index, output or error), fed by the engine thread
         self.request_ids: list[str] = []  # the engine's request per prompt
-        self.sent: dict[tuple[int, int], tuple[int, int]] = {}  # (prompt, choice) -> (characters, tokens) sent
         self._checked = time.monotonic()
 
     def close(self) -> None:
@@ -201,13 +204,11 @@ class RequestStream:
             raise APIError(499, "the client disconnected")
         return last
 
-    def deltas(self, index: int, out: RequestOutput) -> list[Delta]:
-        news = []
-        for c in out.outputs:
-            chars, tokens = self.sent.get((index, c.index), (0, 0))
-            news.append(Delta(c.text[chars:], c.token_ids[tokens:], (c.logprobs or [])[tokens:], chars))
-            self.sent[index, c.index] = (max(chars, len(c.text)), len(c.token_ids))
-        return news
+    @staticmethod
+    def deltas(out: RequestOutput) -> list[Delta]:
+        """Per choice, what this output adds (the engine reports only that: the cost of a step's bookkeeping does
+        not grow with what a choice already holds)."""
+        return [Delta(c.delta_text, c.delta_token_ids, c.delta_logprobs or [], c.text_offset) for c in out.outputs]
 
     async def _iterate(self) -> AsyncIterator[tuple[int, RequestOutput, list[Delta]]]:
         left = len(self.request_ids)
@@ -222,7 +223,7 @@ class RequestStream:
                 if out.finished:
                     left -= 1
                     self.engine.streams.pop(self.request_ids[index], None)
-                yield index, out, self.deltas(index, out)
+                yield index, out, self.deltas(out)
         finally:
             self.close()
 

@@ -32,16 +32,19 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
-def validation_message(errors: list[dict]) -> tuple[str, str | None]:
-    """A readable message and the offending field from pydantic/FastAPI validation errors."""
+def validation_message(errors: list[dict]) -> tuple[str, str]:
+    """A readable message and the offending field from pydantic/FastAPI validation errors (`body` when the
+    fault is the body as a whole)."""
     first = errors[0] if errors else {}
     # drop "body" and the union-member tags pydantic adds ("min_p.int", "prompt.list[int]")
     loc = [str(x) for x in first.get("loc", ()) if x != "body" and not _is_type_tag(str(x))]
-    param = ".".join(loc) or None
+    param = ".".join(loc)
     msg = first.get("msg", "invalid request")
     if first.get("type") == "json_invalid":
-        return "the request body is not valid JSON", None
-    return (f"{param}: {msg}" if param else msg), param
+        return "the request body is not valid JSON", "body"
+    if first.get("type") == "extra_forbidden":
+        return f"{param}: unknown field (docs/serving.md lists the fields openglm accepts)", param or "body"
+    return (f"{param}: {msg}" if param else f"the request body: {msg}"), param or "body"
 
 
 def _is_type_tag(part: str) -> bool:

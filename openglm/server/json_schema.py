@@ -11,7 +11,8 @@
 - `Schema.value(text, node)`: GLM writes a plain-string argument raw and every other one as JSON
   (the rule vLLM's GLM parsers follow): a plain string stays the text; anything else is decoded as
   JSON and kept when it is of an admitted type, else the text is kept (a string where strings are
-  admitted, the model's text as written otherwise).
+  admitted, the model's text as written otherwise). Where no string is admitted, JSON the model wrote
+  with escaped quotes (`[{\\"id\\": 1}]`, as inside a string) is decoded once they are unescaped.
 - `Schema.standalone(pointer, options)`: the subschema at `pointer` as a self-contained schema for
   llguidance's `%json` (the definitions it references carried along), with objects that declare
   `properties` and say nothing of `additionalProperties` closed, as XGrammar's strict mode (vLLM's
@@ -271,6 +272,8 @@ class Schema:
             decoded = json.loads(text)
         except ValueError:
             decoded = _PYTHON_LITERALS.get(text.strip(), text)  # True / False / None, as Python writes them
+            if decoded is text and admitted is not None and "string" not in admitted:
+                decoded = _unescaped_json(text)  # JSON written escaped, as if inside a string
             if decoded is text:
                 return text.strip() if admitted is None or "string" in admitted else text
         if admitted is None or json_type(decoded) in admitted or (
@@ -332,6 +335,16 @@ class Schema:
 
 
 _PYTHON_LITERALS = {"True": True, "False": False, "None": None}
+
+
+def _unescaped_json(text: str):
+    """`text` decoded as JSON once its escaped quotes (\\") are plain ones, else `text` itself."""
+    if '\\"' not in text:
+        return text
+    try:
+        return json.loads(text.replace('\\"', '"'))
+    except ValueError:
+        return text
 
 
 def _reachable_refs(root, node) -> set[str]:

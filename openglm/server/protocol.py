@@ -1,10 +1,12 @@
-"""OpenAI request bodies (pydantic). Unknown fields are accepted and ignored, as OpenAI clients send
-extras; known fields are type-checked strictly and range-checked, and every violation becomes a 400."""
+"""OpenAI request bodies (pydantic). Every field is known: a field openglm implements is type-checked strictly
+and range-checked; a field of vLLM's or OpenAI's API that openglm does not implement is a 400 naming it when
+it is set; a few bookkeeping fields (`store`, `metadata`, ...) are accepted with no effect; any other field,
+at any depth, is a 400 naming it. Every violation becomes a 400."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, ValidationError,
                       field_validator, model_validator)
@@ -18,7 +20,15 @@ MAX_ID_CHARS = 256  # model / user strings
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # accepted, no effect (vLLM's; usage comes at the end)
+
+
+def field_error(loc: tuple, message: str, kind: str = "invalid_field"):
+    """A ValidationError whose location is `loc`, so that the 400 names that field in `param`."""
+    error = PydanticCustomError(kind, "{message}", {"message": message})
+    return ValidationError.from_exception_data("request", [{"type": error, "loc": loc, "input": "?"}])
 
 
 def lone_surrogate_path(value, path: str = "") -> str | None:
@@ -38,11 +48,21 @@ def lone_surrogate_path(value, path: str = "") -> str | None:
     return None
 
 
+# Fields accepted on both endpoints with no effect on the answer (bookkeeping some clients send).
+IGNORED_FIELDS = ("store", "metadata", "service_tier", "request_id")
+
+
+def unset(value) -> bool:
+    """Whether a field's value leaves an unimplemented feature off (null, false, empty)."""
+    return value in (None, False, [], {}, "")
+
+
 class _Sampling(BaseModel):
     """The sampling fields shared by both endpoints; bounds come from the engine's SamplingParams
     limits, so every accepted value samples cleanly."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ()  # this endpoint's fields of vLLM/OpenAI that openglm does not implement
 
     model: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     max_tokens: StrictInt | None = None
@@ -72,10 +92,15 @@ class _Sampling(BaseModel):
     def _encodable_strings(cls, data):
         bad = lone_surrogate_path(data)
         if bad is not None:  # a ValidationError (not ValueError) so that the error's loc names the field
-            error = PydanticCustomError("lone_surrogate", "the string holds a lone UTF-16 surrogate (not valid "
-                                                          "Unicode text)")
-            raise ValidationError.from_exception_data(cls.__name__, [
-                {"type": error, "loc": tuple(int(k) if k.isdigit() else k for k in bad.split(".")), "input": "?"}])
+            raise field_error(tuple(int(k) if k.isdigit() else k for k in bad.split(".")),
+                              "the string holds a lone UTF-16 surrogate (not valid Unicode text)", "lone_surrogate")
+        if isinstance(data, dict):
+            unsupported = [name for name in cls.UNSUPPORTED if not unset(data.get(name))]
+            if unsupported:
+                others = f" (nor {', '.join(unsupported[1:])})" if unsupported[1:] else ""
+                raise field_error((unsupported[0],), f"openglm does not support this field{others}",
+                                  "unsupported_field")
+            data = {k: v for k, v in data.items() if k not in IGNORED_FIELDS and k not in cls.UNSUPPORTED}
         return data
 
     @field_validator("temperature")
@@ -88,9 +113,9 @@ class _Sampling(BaseModel):
 
     @field_validator("max_tokens")
     @classmethod
-    def _positive(cls, v):
+    def _positive(cls, v, info):
         if v is not None and v <= 0:
-            raise ValueError("max_tokens must be at least 1")
+            raise ValueError(f"{info.field_name} must be at least 1")
         return v
 
     @field_validator("stop")
@@ -103,7 +128,20 @@ class _Sampling(BaseModel):
         return stops
 
 
+# Fields of vLLM's completions request that this server does not implement: sent with a value, they are a
+# 400 naming the field (docs/serving.md lists every field and what openglm does with it).
+UNSUPPORTED_COMPLETION_FIELDS = (
+    "best_of", "use_beam_search", "length_penalty", "logit_bias", "suffix", "prompt_logprobs",
+    "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "skip_special_tokens", "spaces_between_special_tokens",
+    "add_special_tokens", "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+    "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern", "logits_processors",
+    "return_tokens_as_token_ids", "return_token_ids", "priority", "cache_salt", "kv_transfer_params", "vllm_xargs",
+    "prompt_embeds",
+)
+
+
 class CompletionRequest(_Sampling):
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = UNSUPPORTED_COMPLETION_FIELDS
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     logprobs: StrictInt | None = Field(default=None, ge=0, le=limits.MAX_LOGPROBS)
     echo: StrictBool = False
@@ -127,6 +165,28 @@ class ContentPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
     text: str
+
+
+# content parts of other kinds (OpenAI's chat and Responses names): a 400 saying what the model cannot read (a
+# GLM-5.3-Flash checkpoint carries a vision tower that openglm keeps but does not run)
+MEDIA_PARTS = {"image_url": "image", "input_image": "image", "image": "image", "input_audio": "audio",
+               "audio": "audio", "file": "file", "input_file": "file", "video_url": "video", "video": "video"}
+
+
+def media_refusal(kind: str) -> str:
+    return (f"{MEDIA_PARTS[kind]} input is not supported for this checkpoint (a {kind!r} part): openglm runs the "
+            "text model only (content parts of type 'text')")
+
+
+def unreadable_part(messages) -> tuple[tuple, str] | None:
+    """(location, reason) of the first message content part that is not text, or None."""
+    for i, m in enumerate(messages if isinstance(messages, list) else ()):
+        content = m.get("content") if isinstance(m, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind in MEDIA_PARTS:
+                return ("messages", i, "content", j), media_refusal(kind)
+    return None
 
 
 class FunctionCall(BaseModel):
@@ -162,6 +222,7 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None  # vLLM's name for reasoning_content: either is read
 
     @model_validator(mode="after")
     def _known_fields(self):
@@ -228,10 +289,21 @@ class StructuredOutputs(BaseModel):
 
 
 class ChatTemplateKwargs(BaseModel):
-    """The template switches openglm honours (GLM's); any other key is a 400, not a silent no-op."""
+    """The template switches openglm honours (GLM's); any other key is a 400, not a silent no-op. Unset: the
+    server's `--default-chat-template-kwargs`, else the template's default (on)."""
     model_config = ConfigDict(extra="forbid")
-    enable_thinking: StrictBool = True
-    clear_thinking: StrictBool = True
+    enable_thinking: StrictBool | None = None
+    clear_thinking: StrictBool | None = None
+
+
+class Thinking(BaseModel):
+    """Z.ai's `thinking` field: GLM's thinking on or off (and whether earlier turns' reasoning is cleared)."""
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["enabled", "disabled"]
+    clear_thinking: StrictBool | None = None
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 # Fields of vLLM's / OpenAI's chat request that this server does not implement: sent with a value,
@@ -242,17 +314,13 @@ UNSUPPORTED_CHAT_FIELDS = (
     "continue_final_message", "echo", "documents", "chat_template", "mm_processor_kwargs", "guided_json",
     "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend", "guided_whitespace_pattern",
     "bad_words", "allowed_token_ids", "logits_processors", "return_tokens_as_token_ids",
-    "return_token_ids", "kv_transfer_params", "vllm_xargs", "reasoning_effort", "thinking_token_budget",
-    "skip_special_tokens", "spaces_between_special_tokens", "priority", "cache_salt", "prompt_embeds",
+    "return_token_ids", "kv_transfer_params", "vllm_xargs", "skip_special_tokens", "spaces_between_special_tokens",
+    "priority", "cache_salt", "prompt_embeds",
 )
 
 
-def unsupported_chat_fields(body: dict) -> list[str]:
-    """The unimplemented fields that `body` sets to something other than null/false/empty."""
-    return [k for k in UNSUPPORTED_CHAT_FIELDS if body.get(k) not in (None, False, [], {}, "")]
-
-
 class ChatCompletionRequest(_Sampling):
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = UNSUPPORTED_CHAT_FIELDS
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
@@ -264,30 +332,37 @@ class ChatCompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     chat_template_kwargs: ChatTemplateKwargs = Field(default_factory=ChatTemplateKwargs)
+    # thinking (server/thinking.py): Z.ai's switch, OpenAI's effort, vLLM's budget of reasoning tokens
+    thinking: Thinking | None = None
+    reasoning_effort: Literal[REASONING_EFFORTS] | None = None
+    thinking_token_budget: StrictInt | None = Field(default=None, ge=0)
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _positive_completion_tokens(cls, v, info):
+        return cls._positive(v, info)
 
     @model_validator(mode="before")
     @classmethod
-    def _honoured_fields_only(cls, body):
+    def _readable_parts_only(cls, body):
         if isinstance(body, dict):
-            bad = unsupported_chat_fields(body)
-            if bad:
-                raise ValueError(f"openglm does not support the field(s) {', '.join(bad)}")
+            part = unreadable_part(body.get("messages"))
+            if part is not None:
+                raise field_error(*part, "unsupported_content")
         return body
 
     @model_validator(mode="after")
     def _consistent(self):
         names = [t.function.name for t in self.tools or []]
         if len(set(names)) != len(names):
-            raise ValueError("tools: function names must be unique")
+            raise field_error(("tools",), "function names must be unique")
         if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
-            raise ValueError(f"tool_choice: no tool named {self.tool_choice.function.name!r} in tools")
+            raise field_error(("tool_choice",), f"no tool named {self.tool_choice.function.name!r} in tools")
         if self.tool_choice == "required" and not names:
-            raise ValueError("tool_choice: 'required' needs at least one tool")
+            raise field_error(("tool_choice",), "'required' needs at least one tool")
         rf = self.response_format
         if rf is not None and rf.type == "json_schema" and rf.json_schema is None:
-            raise ValueError("response_format: type 'json_schema' needs a json_schema object")
-        if rf is not None and rf.type != "text" and self.forced_tool_call():
-            raise ValueError("response_format: cannot be combined with a required or named tool_choice")
+            raise field_error(("response_format",), "type 'json_schema' needs a json_schema object")
         return self
 
     def effective_tool_choice(self) -> str | NamedToolChoice:
@@ -301,13 +376,21 @@ class ChatCompletionRequest(_Sampling):
         return choice == "required" or isinstance(choice, NamedToolChoice)
 
     def constrained(self) -> bool:
-        """Whether the answer must match a grammar (structured.py): a required or named tool call, or JSON."""
+        """Whether the answer must match a grammar (structured.py): a required or named tool call, or JSON.
+        A forced call wins over `response_format` (which then shapes a later turn's answer, as in agent loops)."""
         return self.forced_tool_call() or (self.response_format is not None and self.response_format.type != "text")
 
     def template_messages(self) -> list[dict]:
-        """The messages whole, as the chat template receives them (OpenAI field names)."""
-        keep = set(ChatMessage.model_fields)
-        return [{k: v for k, v in m.model_dump(exclude_none=True).items() if k in keep} for m in self.messages]
+        """The messages whole, as the chat template receives them (OpenAI field names; `reasoning` read as
+        `reasoning_content`)."""
+        keep = set(ChatMessage.model_fields) - {"reasoning"}
+        out = []
+        for m in self.messages:
+            d = m.model_dump(exclude_none=True)
+            if m.reasoning_content is None and m.reasoning is not None:
+                d["reasoning_content"] = m.reasoning
+            out.append({k: v for k, v in d.items() if k in keep})
+        return out
 
     def template_tools(self) -> list[dict] | None:
         """The tools the template lists: none when tool_choice is 'none' (the model must not call)."""

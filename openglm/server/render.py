@@ -97,31 +97,46 @@ async def completion_stream(meta: Meta, outputs: AsyncIterator, n: int, echo: li
 
 
 # ---- chat -------------------------------------------------------------------------------------------
-def chat_body(meta: Meta, final, thinking: bool, tools: list[dict] | None) -> dict:
+def chat_body(meta: Meta, final, thinking: bool | str, tools: list[dict] | None) -> dict:
     choices = []
     for c in final.outputs:
         parser = ChatOutputParser(thinking, tools)
         parser.feed(c.text)
         parser.finish()
         message, finish_reason = parser.message(c.finish_reason)
+        if "reasoning_content" in message:  # vLLM's field name and the older one (clients read either)
+            message["reasoning"] = message["reasoning_content"]
         choices.append({"index": c.index, "message": message,
                         "logprobs": chat_logprobs(meta, c.logprobs) if c.logprobs is not None else None,
                         "finish_reason": finish_reason, "stop_reason": c.stop_reason})
     return {**meta.head("chat.completion"), "choices": choices, "usage": _usage_of([final])}
 
 
-def _delta_body(delta, tool_index: int) -> dict:
+def _delta_body(delta) -> dict:
     body = {}
-    if delta.reasoning:
-        body["reasoning_content"] = delta.reasoning
+    if delta.reasoning:  # vLLM's field name and the older one (clients read either)
+        body["reasoning"] = body["reasoning_content"] = delta.reasoning
     if delta.content:
         body["content"] = delta.content
     if delta.calls:
-        body["tool_calls"] = [call.as_openai(tool_index + k) for k, call in enumerate(delta.calls)]
+        body["tool_calls"] = tool_call_deltas(delta.calls)
     return body
 
 
-async def chat_stream(meta: Meta, outputs: AsyncIterator, n: int, include_usage: bool, thinking: bool,
+def tool_call_deltas(pieces) -> list[dict]:
+    """OpenAI's `delta.tool_calls`: one entry per call, the first piece of a call with its id and name."""
+    out: dict[int, dict] = {}
+    for p in pieces:
+        entry = out.get(p.index)
+        if entry is None:
+            entry = out[p.index] = {"index": p.index, "function": {"arguments": ""}}
+            if p.id is not None:
+                entry.update(id=p.id, type="function", function={"name": p.name, "arguments": ""})
+        entry["function"]["arguments"] += p.arguments
+    return list(out.values())
+
+
+async def chat_stream(meta: Meta, outputs: AsyncIterator, n: int, include_usage: bool, thinking: bool | str,
                       tools: list[dict] | None) -> AsyncIterator[dict]:
     extra = {"usage": None} if include_usage else {}
     for idx in range(n):  # the role comes first, as OpenAI sends it
@@ -135,17 +150,14 @@ async def chat_stream(meta: Meta, outputs: AsyncIterator, n: int, include_usage:
             if c.index in done or (not d.text and not c.finished and not d.logprobs):
                 continue
             parser = parsers[c.index]
-            calls_before = len(parser.calls)
             delta = parser.feed(d.text)
             finish_reason = None
             if c.finished:
                 done.add(c.index)
-                tail = parser.finish()
-                delta.reasoning, delta.content = delta.reasoning + tail.reasoning, delta.content + tail.content
-                delta.calls += tail.calls
+                delta.extend(parser.finish())
                 finish_reason = parser.message(c.finish_reason)[1]
             lp = chat_logprobs(meta, d.logprobs) if c.logprobs is not None else None
-            body = _delta_body(delta, calls_before)
+            body = _delta_body(delta)
             if not body and lp is None and finish_reason is None:
                 continue  # held back (a possible marker): nothing certain to send yet
             yield {**meta.head("chat.completion.chunk"), **extra,

@@ -1,10 +1,10 @@
 """`tool_choice` and `response_format` -> the llguidance grammar the engine decodes under.
 
 - `tool_choice` "none" / "auto": no constraint (as in vLLM; "none" also hides the tools from the prompt).
-- "required" / a named function: the answer is one or more (one with `parallel_tool_calls: false`)
-  GLM tool calls, `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>`, of the
-  listed tools (of the named one): the required arguments of the tool's schema always, the optional
-  ones optionally, in the schema's order. A value whose schema admits only strings is written raw
+- "required": the answer is one or more (one with `parallel_tool_calls: false`) GLM tool calls,
+  `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>`, of the listed tools; a
+  named function: exactly one call of it (as vLLM decodes a named choice). A call holds the required
+  arguments of the tool's schema always, the optional ones optionally, in the schema's order. A value whose schema admits only strings is written raw
   (GLM's format), within its `minLength`/`maxLength`, `enum`/`const` and `pattern`; every other value
   is JSON matching its schema (`server/json_schema.py` reads the schema once for the grammar and for
   the parser that types the arguments back).
@@ -12,7 +12,8 @@
 
 JSON is compact by default (no whitespace between tokens, so a weak model cannot pad forever);
 `JsonLayout("flexible")` (`--json-whitespace flexible`) or a request's whitespace pattern allows it.
-With thinking on the constraint starts after the reasoning: free text, then `</think>`, then the answer.
+With thinking on the constraint starts after the reasoning: free text, then `</think>`, then the answer
+(where the prompt leaves the `<think>` to the model, as GLM-4.5/4.6's do, the reasoning block is optional).
 The markers are referenced as tokens (`<[id]>`), so text in a value can never be read as a marker.
 Every schema of the request (tools, response format) is checked, even when no grammar is built: an
 unusable keyword is a 400 naming it.
@@ -59,9 +60,10 @@ def json_layout(req: ChatCompletionRequest, default: str = "compact") -> JsonLay
     return JsonLayout(default)
 
 
-def request_grammar(req: ChatCompletionRequest, tokenizer, thinking: bool,
+def request_grammar(req: ChatCompletionRequest, tokenizer, thinking: bool | str,
                     layout: JsonLayout = JsonLayout()) -> str | None:
-    """The Lark grammar (llguidance dialect) for this request, or None when it is unconstrained."""
+    """The Lark grammar (llguidance dialect) for this request, or None when it is unconstrained. `thinking` is
+    the answer's reasoning mode (chat_output.py): "open" (True), "optional" or "off" (False)."""
     schemas = tool_schemas(req)  # checked even when unconstrained: the parser types arguments with them
     rf = req.response_format
     rf_schema = None
@@ -72,15 +74,21 @@ def request_grammar(req: ChatCompletionRequest, tokenizer, thinking: bool,
     if req.forced_tool_call():
         choice = req.effective_tool_choice()
         names = [t.function.name for t in req.tools or []]
-        if isinstance(choice, NamedToolChoice):
+        named = isinstance(choice, NamedToolChoice)  # exactly one call of it, as vLLM decodes a named choice
+        if named:
             names = [choice.function.name]
-        body = tool_calls_grammar([(n, schemas[n]) for n in names], mark, req.parallel_tool_calls, layout)
+        body = tool_calls_grammar([(n, schemas[n]) for n in names], mark, req.parallel_tool_calls and not named,
+                                  layout)
     elif rf_schema is not None:
         body = f"start: answer\nanswer: %json {json.dumps(rf_schema.standalone('', layout.options()))}\n"
     else:
         return None
-    if thinking:  # reasoning is free text; the constraint holds from </think> on
+    mode = {True: "open", False: "off"}.get(thinking, thinking)
+    if mode == "open":  # reasoning is free text; the constraint holds from </think> on
         body = body.replace("start: ", f"start: REASONING {mark('</think>')} ", 1) + "REASONING: /(.|\\n)*/\n"
+    elif mode == "optional":  # the model may open a reasoning block first (after a newline, as GLM-4.5 writes)
+        body = (body.replace("start: ", "start: reasoning? ", 1) + "REASONING: /(.|\\n)*/\n"
+                + f"reasoning: \"\\n\"? {mark('<think>')} REASONING {mark('</think>')}\n")
     return body
 
 

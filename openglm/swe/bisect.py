@@ -10,6 +10,9 @@ executable) and 127 (command not found).
 The command runs in a private worktree. Files it names that are not committed in the caller's checkout
 (a new regression test, an edited test file) are copied in before each run and taken out after it, so
 every revision is judged by the same test.
+
+With `python` (`--python` / `--venv`), `python` and `python3` in the command are that interpreter
+(a folder of links first on PATH), so `python -m pytest ...` runs in the repository's environment.
 """
 
 from __future__ import annotations
@@ -36,7 +39,25 @@ class BisectRefused(ValueError):
     carried): one line saying why."""
 
 
-def bisect(repo: str | Path, good: str, command: str, bad: str = "HEAD", timeout: float = 1800) -> dict:
+def command_env(work: Path, python: str | None) -> dict | None:
+    """The command's environment: `python`/`python3` resolve to `python` when one is given (None: this
+    process's own)."""
+    env = None
+    if python:
+        env = dict(os.environ)
+        bin_dir = work / "bin"
+        bin_dir.mkdir()
+        for name in ("python", "python3"):
+            os.symlink(python, bin_dir / name)
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        venv = Path(python).parent.parent
+        if (venv / "pyvenv.cfg").exists():
+            env["VIRTUAL_ENV"] = str(venv)
+    return env
+
+
+def bisect(repo: str | Path, good: str, command: str, bad: str = "HEAD", timeout: float = 1800,
+           python: str | None = None) -> dict:
     """Runs in a private worktree so the caller's checkout and bisect state are untouched."""
     repo = Path(repo).resolve()
     good_sha = git(repo, "rev-parse", good).strip()
@@ -47,11 +68,12 @@ def bisect(repo: str | Path, good: str, command: str, bad: str = "HEAD", timeout
     tree = work / "tree"
     step = _step_script(work, command, _stash(top, carried, work / "carried"))
     deadline = time.monotonic() + timeout
+    env = command_env(work, python)
     git(repo, "worktree", "add", "--quiet", "--detach", str(tree), bad_sha)
     try:
-        ends = _check_ends(tree, step, (good, good_sha), (bad, bad_sha), deadline)
+        ends = _check_ends(tree, step, (good, good_sha), (bad, bad_sha), deadline, env)
         git(tree, "bisect", "start", bad_sha, good_sha)
-        proc = run_git(["bisect", "run", "sh", str(step)], tree, timeout=_left(deadline, timeout), text=True)
+        proc = run_git(["bisect", "run", "sh", str(step)], tree, env=env, timeout=_left(deadline, timeout), text=True)
         if proc.timed_out:
             raise TimeoutError(f"git bisect run `{command}` did not finish in {timeout:g}s (killed)")
         log = proc.stdout + proc.stderr
@@ -80,14 +102,16 @@ def _left(deadline: float, timeout: float) -> float:
     return left
 
 
-def _check_ends(tree: Path, step: Path, good: tuple[str, str], bad: tuple[str, str], deadline: float) -> dict:
+def _check_ends(tree: Path, step: Path, good: tuple[str, str], bad: tuple[str, str], deadline: float,
+                env: dict | None) -> dict:
     """Run the command at `bad` (where the worktree starts), then at `good`: it must fail, then pass."""
     ends = {}
     for (name, sha), end in ((bad, "bad"), (good, "good")):
         if end == "good":
             git(tree, "checkout", "--quiet", "--detach", sha)
         at = f"--{end} {name}" + ("" if sha.startswith(name) else f" ({sha[:10]})")
-        r = proc.run(["sh", str(step)], cwd=tree, timeout=max(0.0, deadline - time.monotonic()), merge_stderr=True)
+        r = proc.run(["sh", str(step)], cwd=tree, env=env, timeout=max(0.0, deadline - time.monotonic()),
+                     merge_stderr=True)
         if r.timed_out:
             raise BisectRefused(f"the command did not finish in time at {at} (raise the timeout)")
         out = r.stdout

@@ -1,7 +1,9 @@
 """Parse test-runner logs into {test name: status}, the way SWE-bench grades logs.
 
 Statuses are PASSED, FAILED, SKIPPED, ERROR, XFAIL. Two formats are understood:
-- pytest run with `-rA`: the short summary lines `PASSED tests/test_x.py::test_y`;
+- pytest run with `-rA`: the short summary lines `PASSED tests/test_x.py::test_y`, and with `-v` the
+  lines `tests/test_x.py::test_y PASSED [ 50%]` (pytest before 4.4 has no `-rA` summary; where both
+  appear, the summary wins);
 - unittest run with `-v`: lines `test_y (pkg.tests.TestX.test_y) ... ok`.
 An empty dict means the log could not be parsed (the harness reports it as an infrastructure failure).
 """
@@ -22,8 +24,15 @@ _UNITTEST_STATUS = {"ok": PASSED, "FAIL": FAILED, "ERROR": ERROR, "expected fail
                     "unexpected success": FAILED}
 
 
+_VERBOSE_LINE = re.compile(r"^(\S+?::.+?|\S+\.py) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)(?:\s+\[\s*\d+%\])?$")
+
+
 def parse_pytest_log(log: str) -> dict[str, str]:
     status: dict[str, str] = {}
+    for line in log.splitlines():
+        m = _VERBOSE_LINE.match(line.strip())
+        if m:  # pytest < 4 puts `::()` between a class and its tests
+            status[m.group(1).replace("::()", "")] = _PYTEST_STATUSES[m.group(2)]
     for line in log.splitlines():
         m = _PYTEST_LINE.match(line.strip())
         if not m or m.group(1) == "SKIPPED" and m.group(2).startswith("["):

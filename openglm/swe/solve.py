@@ -4,13 +4,16 @@ predictions (instance_id, model_name_or_path, model_patch) for `openglm swe-eval
 Each instance is checked out at its base_commit (as the harness does), submitted to the agent
 runtime as a task with the problem statement as objective, and run to the end by an in-process
 worker with the SWE policy. The prediction is `git diff base_commit` of the workspace, test files
-left out by default (the instance's test_patch brings the official tests). Finished instances are
+left out by default (the instance's test_patch brings the official tests). An instance with its own
+environment (`openglm_env`) gets a venv built as the harness builds it, and the policy's checks run
+the repository's tests under it (OPENGLM_TEST_PYTHON). Finished instances are
 skipped on a rerun; PAUSED ones (model unavailable, context overflow) are run again.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from openglm.agent.store.sqlite_store import SQLiteStore
 from openglm.agent.worker import Worker
 from openglm.retrieval.spans import is_test_path
 from openglm.swe.harness.env import checkout
+from openglm.swe.harness.run import HarnessConfig, instance_venv
 from openglm.swe.harness.instances import load_predictions
 from openglm.swe.policy import factory
 from openglm.util.git import git
@@ -37,6 +41,7 @@ class SolveConfig:
     timeout: str = "60m"
     reveal_tests: bool = False  # tell the agent the FAIL_TO_PASS ids (off: SWE-bench does not)
     keep_tests: bool = False
+    envs_dir: Path = Path(".bench/envs")  # dependency environments of instances that list requirements
 
 
 def objective(instance: dict, reveal_tests: bool, workspace) -> str:
@@ -60,6 +65,7 @@ def solve_instance(instance: dict, config: SolveConfig, policy_factory=None) -> 
     workspace = root / "repo"
     if not workspace.exists():
         checkout(instance, config.repos_dir, workspace)
+    test_python = _instance_python(instance, workspace, root, config)
     agent_config = AgentConfig(data_dir=str(root / "agent"), model=config.model)
     store = SQLiteStore(str(root / "agent.db"))
     try:
@@ -68,14 +74,39 @@ def solve_instance(instance: dict, config: SolveConfig, policy_factory=None) -> 
             store, agent_config, objective(instance, config.reveal_tests, workspace.resolve()), str(workspace),
             {"timeout": config.timeout})
         worker = Worker(agent_config, store=store, policy_factory=policy_factory or (lambda: factory(agent_config)))
-        if store.get_task(task.id).state == "QUEUED":
-            worker.run_one()
+        saved = os.environ.get(TEST_PYTHON)
+        if test_python:  # the policy's checks run the repository's tests under the instance's interpreter
+            os.environ[TEST_PYTHON] = str(test_python)
+        try:
+            if store.get_task(task.id).state == "QUEUED":
+                worker.run_one()
+        finally:
+            if test_python and saved is None:
+                os.environ.pop(TEST_PYTHON, None)
+            elif test_python:
+                os.environ[TEST_PYTHON] = saved
         final = store.get_task(task.id)
     finally:
         store.close()
     return {"instance_id": instance["instance_id"], "model_name_or_path": config.model_name,
             "model_patch": prediction_patch(workspace, instance["base_commit"], config.keep_tests),
             "openglm_state": final.state, "openglm_reason": final.reason}
+
+
+TEST_PYTHON = "OPENGLM_TEST_PYTHON"  # the interpreter openglm.swe.testrun runs tests under
+
+
+def _instance_python(instance: dict, workspace: Path, root: Path, config: SolveConfig) -> Path | None:
+    """An instance with its own environment (`openglm_env`, as real-bug instances have) gets its venv
+    beside the workspace, built as the harness builds it; None: openglm's own interpreter."""
+    if "openglm_env" not in instance:
+        return None
+    venv_dir = root / "venv"
+    python = venv_dir / "bin" / "python"
+    if not python.exists():
+        harness = HarnessConfig(repos_dir=config.repos_dir, envs_dir=config.envs_dir)
+        instance_venv(instance, workspace, venv_dir, harness, [])
+    return python
 
 
 UNFINISHED = ("PAUSED", "NEEDS_INPUT")  # a task stopped for now (model down, context, a question): rerun it

@@ -18,6 +18,7 @@ class VerifyConfig:
     runner: str = "auto"  # auto | pytest | unittest | none
     timeout: float = 900
     pythonpath: list[str] | None = None
+    python: str | None = None  # the interpreter the tests run under (the repository's environment)
 
 
 def changed_python_files(repo: Path) -> list[str] | None:
@@ -78,12 +79,15 @@ def verify(repo: str | Path, files: list[str] | None = None, tests: list[str] = 
     runner = detect_runner() if config.runner == "auto" else config.runner
     if runner != "none":
         if runner == "unittest":
-            run = run_unittest(repo, list(tests), pythonpath=config.pythonpath, timeout=config.timeout)
+            run = run_unittest(repo, list(tests), python=config.python, pythonpath=config.pythonpath,
+                               timeout=config.timeout)
         else:
-            run = run_pytest(repo, list(tests), pythonpath=config.pythonpath, timeout=config.timeout)
+            run = run_pytest(repo, list(tests), python=config.python, pythonpath=config.pythonpath,
+                             timeout=config.timeout)
         result["tests"] = {
             "runner": runner, "returncode": run.returncode, "timed_out": run.timed_out,
             "passed": len(run.passed), "failed": run.failed,
+            "collection_errors": run.with_outcome("collect_error"), "timeouts": run.with_outcome("timeout"),
             "results": {n: r["outcome"] for n, r in sorted(run.results.items())},
             "failures": {n: run.results[n]["longrepr"][-3000:] for n in run.failed},
         }

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from openglm.model.checkpoint import save_pretrained
+from openglm.model.save import save_pretrained
 from openglm.model.errors import CheckpointError
 from openglm.util.files import replace_dir, restore_replaced_dir, write_atomic
 
@@ -35,9 +35,7 @@ def save_checkpoint(out_dir: str | os.PathLike, step: int, model, trainer_state:
     final = root / f"step_{step:07d}"
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
     try:
-        save_pretrained(model, tmp)
-        if tokenizer is not None:
-            tokenizer.save(tmp)
+        save_pretrained(model, tmp, tokenizer=tokenizer)
         torch.save(trainer_state, tmp / STATE_FILE)
         if before_commit is not None:
             before_commit(tmp)

@@ -26,7 +26,8 @@ _TRAIN_HELP = {
     "grad_accum": "micro-batches per optimizer step", "steps": "optimizer steps of the schedule",
     "lr": "peak learning rate", "warmup_steps": "linear warm-up, in optimizer steps",
     "min_lr_ratio": "cosine decay floor, as a fraction of --lr", "weight_decay": "AdamW weight decay",
-    "grad_clip": "global gradient-norm clip (0: off)", "dtype": "autocast compute dtype: bf16 or fp32",
+    "grad_clip": "global gradient-norm clip (0: off)", "dtype": "autocast compute dtype: bf16 or fp32 (also bfloat16, "
+    "float32)",
     "activation_checkpointing": "recompute activations in segments of k layers (0: off)",
     "device": "torch device: cpu, cuda, ...", "seed": "seed of init, data order and sampling",
     "log_every": "steps between metrics records", "eval_every": "steps between validations",
@@ -83,6 +84,9 @@ def register(subparsers) -> None:
     g.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling probability mass "
                                                              "(default %(default)s)")
     g.add_argument("--seed", type=int, default=0, help="sampling seed (default %(default)s)")
+    g.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="folder with tokenizer.json, for a checkpoint saved without its tokenizer (default: the "
+                        "checkpoint's own)")
     g.set_defaults(func=_generate)
 
     d = subparsers.add_parser("demo", help="the main job: train the small preset on the stdlib and show a sample")
@@ -140,11 +144,12 @@ def _train(args) -> int:
 def _generate(args) -> int:
     def run():
         from openglm.model.checkpoint import load_model, resolve_checkpoint  # torch: loaded when the command runs
-        from openglm.tokenizer import Tokenizer
+        from openglm.tokenizer import Tokenizer, tokenizer_folder
         from openglm.train.generate import generate
 
         ckpt = resolve_checkpoint(args.checkpoint)
-        model, tok = load_model(ckpt), Tokenizer.from_checkpoint(ckpt)
+        tok = Tokenizer.from_checkpoint(tokenizer_folder(ckpt, args.tokenizer))  # before the weights: fails fast
+        model = load_model(ckpt)
         print(args.prompt, end="", flush=True)
         generate(model, tok, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
                  stream=lambda s: print(s, end="", flush=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from openglm.util.dtypes import SHORT, dtype_name
 from openglm.util.strict import from_dict
 
 
@@ -31,7 +32,7 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # global-norm clipping; 0 = off
-    dtype: str = "bf16"  # autocast compute dtype: "bf16" or "fp32" (weights and optimizer stay fp32)
+    dtype: str = "bf16"  # autocast compute dtype: bf16 or fp32 (also bfloat16, float32); weights, optimizer stay fp32
     activation_checkpointing: int = 0  # recompute activations, keeping one of every k layers; 0 = off
     mtp_loss_weight: float = 0.3  # weight of the next-n (MTP) layer's loss on token t+2 (DeepSeek-V3's 0.3); 0 = off
     router_bias_rate: float = 1e-3  # aux-loss-free balancing: per-step nudge of the routers' score bias
@@ -53,8 +54,7 @@ class TrainConfig:
     plots: bool = True
 
     def __post_init__(self):
-        if self.dtype not in ("bf16", "fp32"):
-            raise ValueError(f"TrainConfig.dtype must be 'bf16' or 'fp32', got {self.dtype!r}")
+        self.dtype = SHORT[dtype_name(self.dtype, ("bfloat16", "float32"), "TrainConfig.dtype")]  # bf16 or fp32
         for name in ("seq_len", "batch_size", "grad_accum", "max_steps", "log_every", "eval_every", "save_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")

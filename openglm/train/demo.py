@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import statistics
 import time
+from collections import deque
 from pathlib import Path
 
 from openglm.train.config import RECIPES, TrainConfig
@@ -19,9 +21,9 @@ def run_demo(out_dir: str = "runs/demo", steps: int | None = None, train_seconds
              prompt: str = PROMPT, progress: bool = True, **overrides) -> dict:
     """Run the demo recipe; returns (and writes to <out_dir>/summary.json) the numbers it printed.
 
-    Without `steps`, the number of steps is calibrated so training takes about `train_seconds` here
-    (a full warmup + cosine schedule either way); a hard stop at 1.5x guards against a machine that
-    slows down mid-run.
+    Without `steps`, the number of steps is calibrated so training takes about `train_seconds` here, then
+    re-timed after every step (`Retimer`): a machine that becomes busy mid-run gets a shorter schedule that still
+    ends (warmup + full cosine) within the budget; a hard stop at 1.5x is the last guard.
     """
     from openglm.train.data import unigram_loss  # torch: loaded when the demo runs
     from openglm.train.generate import generate
@@ -32,10 +34,11 @@ def run_demo(out_dir: str = "runs/demo", steps: int | None = None, train_seconds
     cfg = TrainConfig(**{**RECIPES["demo"], "out_dir": out_dir, "progress": progress, **overrides})
     _say(f"openglm demo: training the {cfg.preset!r} preset on the Python standard library -> {cfg.out_dir}/")
     trainer = Trainer(cfg)
-    if steps is None:
-        steps = calibrate_steps(trainer, train_seconds, cap=cfg.max_steps)
+    cap, retime = cfg.max_steps, steps is None
+    if retime:
+        steps = calibrate_steps(trainer, train_seconds, cap=cap)
         cfg = cfg.replace(time_budget_s=1.5 * train_seconds)
-    cfg = cfg.replace(max_steps=steps, save_every=steps, eval_every=max(1, -(-steps // 4)),
+    cfg = cfg.replace(max_steps=steps, save_every=max(steps, cap), eval_every=max(1, -(-steps // 4)),
                       warmup_steps=min(cfg.warmup_steps, max(1, steps // 10)))
     trainer.cfg = trainer.tracker.cfg = cfg
     mc = trainer.model_config
@@ -44,10 +47,16 @@ def run_demo(out_dir: str = "runs/demo", steps: int | None = None, train_seconds
          f"(top-{mc.num_experts_per_tok}); {cfg.max_steps} steps of {cfg.batch_size * cfg.grad_accum} x "
          f"{cfg.seq_len} tokens, {cfg.dtype} autocast")
     unigram = unigram_loss(trainer.train_tokens, trainer.val_tokens, mc.vocab_size)
+    t0 = time.perf_counter()
     before = trainer.evaluate()
+    eval_s = time.perf_counter() - t0
     trainer.metrics.write({"kind": "val", "step": 0, "val_loss": before, "val_ppl": math.exp(before),
                            "unigram_loss": unigram})
-    result = trainer.run()
+    retimer = Retimer(train_seconds, cap=cap, reserve_s=eval_s) if retime else None
+    result = trainer.run(replan=retimer)
+    if retimer is not None and result.step != steps:
+        _say(f"re-timed: {result.step} steps instead of {steps} (the machine ran at {retimer.pace():.2f}s per step, "
+             f"evaluations included), so the schedule ended within the ~{train_seconds:.0f} s budget")
     after = result.val_losses[result.step]
     _say(f"\nsample completion of {prompt!r} (temperature 0.5, top-k 40):\n")
     print(prompt, end="", flush=True)
@@ -60,6 +69,36 @@ def run_demo(out_dir: str = "runs/demo", steps: int | None = None, train_seconds
     (Path(cfg.out_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
     _report(summary, Path(cfg.out_dir))
     return summary
+
+
+class Retimer:
+    """The schedule length that still ends within a wall-clock budget, re-estimated after each step (a `replan`
+    for Trainer.run). The pace is the slower of the recent steps' median (a machine that became busy shows within a
+    few steps) and the average since the start (which counts the evaluations and checkpoints between steps);
+    `reserve_s` is kept for the final evaluation and checkpoint."""
+
+    def __init__(self, budget_s: float, cap: int, reserve_s: float = 0.0, window: int = 8, clock=time.perf_counter):
+        self.budget_s, self.cap, self.reserve_s, self.clock = budget_s, cap, reserve_s, clock
+        self.created = clock()
+        self.start = self.last = None
+        self.recent: deque[float] = deque(maxlen=window)
+        self.calls = 0
+
+    def pace(self) -> float:
+        """Seconds per step, as planned with (0 before the second step)."""
+        if not self.calls:
+            return 0.0
+        return max(statistics.median(self.recent), (self.last - self.start) / self.calls)
+
+    def __call__(self, step: int) -> int | None:
+        now = self.clock()
+        if self.start is None:  # the first step carries one-off costs (allocations, thread start): pace from after it
+            self.start = self.last = now
+            return None
+        self.recent.append(now - self.last)
+        self.last, self.calls = now, self.calls + 1
+        left = self.budget_s - self.reserve_s - (now - self.created)
+        return min(self.cap, step + max(0, int(left / max(self.pace(), 1e-9))))
 
 
 def calibrate_steps(trainer, seconds: float, cap: int, floor: int = 20) -> int:

@@ -30,22 +30,48 @@ def plot_run(run_dir: str | os.PathLike) -> list[Path]:
 
 
 def _plot_loss(train: list[dict], val: list[dict], path: Path) -> Path:
-    import matplotlib.pyplot as plt  # slow to import: only when plotting
+    return _save(loss_figure(train, val), path)
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+
+def loss_figure(train: list[dict], val: list[dict]):
+    """Left: the LM loss (next-token cross-entropy, the quantity validation measures) of training and validation,
+    with the unigram baseline. Right: the other terms of the training objective, each on its own (the MTP layer's
+    cross-entropy on token t+2, the routers' balance loss), and their weighted sum that training adds to the LM loss."""
+    import matplotlib  # optional and slow to import: only when plotting
+
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.pyplot as plt
+
+    others = [r for r in train if "aux_loss" in r]
+    fig, axes = plt.subplots(1, 2 if others else 1, figsize=(12 if others else 7, 4), squeeze=False)
+    ax = axes[0, 0]
     if train:
-        ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss", lw=1.2)
+        steps = [r["step"] for r in train]
+        ax.plot(steps, [r.get("lm_loss", r["loss"]) for r in train], label="train LM loss", lw=1.2)
     if val:
-        ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="validation loss")
+        ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="validation LM loss")
     baseline = next((r["unigram_loss"] for r in val if "unigram_loss" in r), None)
     if baseline is not None:
         ax.axhline(baseline, ls="--", c="gray", label=f"unigram baseline ({baseline:.2f})")
+    ax.set_title("language-model loss")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.grid(alpha=0.3)
     ax.legend()
+    if others:
+        ax = axes[0, 1]
+        steps = [r["step"] for r in others]
+        if any("mtp_loss" in r for r in others):
+            ax.plot(steps, [r.get("mtp_loss", np.nan) for r in others], label="MTP loss (token t+2)", lw=1.2)
+        ax.plot(steps, [r.get("balance_loss", r["aux_loss"]) for r in others], label="router balance loss", lw=1.2)
+        ax.plot(steps, [r["aux_loss"] for r in others], ls=":", c="gray", label="added to the LM loss (weighted)")
+        ax.set_title("other training terms")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("loss")
+        ax.grid(alpha=0.3)
+        ax.legend()
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
 
 
 def _plot_expert_load(loads: list[dict], path: Path) -> Path:

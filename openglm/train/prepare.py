@@ -11,13 +11,15 @@ import numpy as np
 
 from openglm.model.config import ModelConfig
 from openglm.model.errors import CheckpointError
-from openglm.tokenizer import Tokenizer, train_tokenizer
+from openglm.tokenizer import SOP, Tokenizer, train_tokenizer
 from openglm.train import dist
 from openglm.train.config import RESUME_MUST_MATCH, TrainConfig
 from openglm.train.data import load_documents, split_documents, tokenize_documents
 
-# config.json keys written by save_pretrained that describe the file, not the model.
-_CONFIG_META_KEYS = {"architectures", "torch_dtype", "dtype", "transformers_version", "model_type", "auto_map"}
+# config.json keys written by save_pretrained that describe the file, not the model (the special-token ids describe
+# the tokenizer, which a resumed run reads from its own folder; runs saved before they were written had the preset's).
+_CONFIG_META_KEYS = {"architectures", "torch_dtype", "dtype", "transformers_version", "model_type", "auto_map",
+                     "bos_token_id", "eos_token_id", "pad_token_id"}
 
 
 class TrainSetupError(ValueError):
@@ -79,12 +81,26 @@ def _preset_vocab(cfg: TrainConfig) -> int:
     return int(cfg.model_overrides.get("vocab_size") or ModelConfig.from_preset(cfg.preset).vocab_size)
 
 
-def build_model_config(cfg: TrainConfig, vocab_size: int | None):
-    """The preset with the overrides; the embedding is sized to the tokenizer unless overridden."""
+def build_model_config(cfg: TrainConfig, tokenizer: Tokenizer | None):
+    """The preset with the overrides; unless overridden, the embedding is sized to the tokenizer and config.json
+    gets the tokenizer's eos, pad and bos ids (engines that read config.json, vLLM and transformers' generate,
+    stop at its eos: the preset's ids are another tokenizer's)."""
     overrides = dict(cfg.model_overrides)
-    if vocab_size is not None:
-        overrides.setdefault("vocab_size", vocab_size)
+    if tokenizer is not None:
+        for key, value in {"vocab_size": tokenizer.vocab_size, **special_token_ids(tokenizer)}.items():
+            overrides.setdefault(key, value)
     return ModelConfig.from_preset(cfg.preset, **overrides)
+
+
+def special_token_ids(tokenizer: Tokenizer) -> dict[str, int]:
+    """config.json's eos/pad/bos ids of a tokenizer (those it has: GLM's bos is <sop>, after [gMASK])."""
+    ids = {"pad_token_id": tokenizer.pad_id}
+    if tokenizer.eos_ids:
+        ids["eos_token_id"] = tokenizer.eos_ids[0]
+    sop = tokenizer.hf.token_to_id(SOP)
+    if sop is not None:
+        ids["bos_token_id"] = sop
+    return ids
 
 
 def check_vocab(model_config, tokenizer, max_token: int) -> None:

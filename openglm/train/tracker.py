@@ -84,6 +84,8 @@ class StepTracker:
                   "lr": float(rows[-1, 4]), "tokens_per_s": tokens / self.seconds if self.seconds else 0.0}
         if not np.isnan(rows[:, 5]).all():
             record["mtp_loss"] = float(np.nanmean(rows[:, 5]))
+        # the routers' balance losses alone: aux_loss also holds the MTP loss at its weight
+        record["balance_loss"] = record["aux_loss"] - cfg.mtp_loss_weight * record.get("mtp_loss", 0.0)
         warnings = []
         if self.counts is not None:
             counts = dist.all_reduce_sum(self.counts, self.info).numpy()

@@ -89,8 +89,7 @@ class Trainer:
             train_tokens, val_tokens = split_stream(np.asarray(train_tokens), cfg.val_fraction)
         self.tokenizer = tokenizer
         self.train_tokens, self.val_tokens = np.asarray(train_tokens), np.asarray(val_tokens)
-        vocab = tokenizer.vocab_size if tokenizer is not None else None
-        self.model_config = model_config or build_model_config(cfg, vocab)
+        self.model_config = model_config or build_model_config(cfg, tokenizer)
         check_vocab(self.model_config, tokenizer, int(max(self.train_tokens.max(), self.val_tokens.max())))
         self.batcher = PackedBatcher(self.train_tokens, cfg.seq_len, seed=cfg.seed)
         self.val_windows = eval_windows(self.val_tokens, cfg.seq_len, cfg.eval_windows)
@@ -153,7 +152,10 @@ class Trainer:
         self.log(f"resumed from {ckpt} at step {self.step}")
 
     # ---- loop
-    def run(self, stop_at: int | None = None) -> TrainResult:
+    def run(self, stop_at: int | None = None, replan=None) -> TrainResult:
+        """Train to cfg.max_steps (or `stop_at`). `replan(step) -> int | None`, called after each step: a new length
+        for the schedule (the warmup + cosine then ends there, with as many validations as planned), e.g. the steps a
+        time budget still allows."""
         from tqdm import tqdm  # only for a progress bar
 
         cfg = self.cfg
@@ -161,8 +163,8 @@ class Trainer:
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
                    disable=not (cfg.progress and self.info.is_main))
         trained_s, tokens = 0.0, 0
-        last = stop_at if stop_at is not None else cfg.max_steps
-        while self.step < min(last, cfg.max_steps):
+        evals = max(1, cfg.max_steps // cfg.eval_every)  # validations per schedule, kept when replan changes its length
+        while self.step < self._end(stop_at):
             if self.threads is not None:
                 self.threads.poll()
             t0 = time.perf_counter()
@@ -176,8 +178,10 @@ class Trainer:
             bar.set_postfix(self._bar_figures(tokens / trained_s))
             if self.step % cfg.log_every == 0:
                 self._log_train(bar)
+            if replan is not None:
+                cfg = self._set_max_steps(replan(self.step), bar, evals)
             out_of_time = dist.any_rank(cfg.time_budget_s is not None and trained_s >= cfg.time_budget_s, self.info)
-            done = self.step >= min(last, cfg.max_steps) or out_of_time
+            done = self.step >= self._end(stop_at) or out_of_time
             if self.step % cfg.eval_every == 0 or done:
                 result.val_losses[self.step] = self.evaluate_and_log()
             if self.step % cfg.save_every == 0 or done:
@@ -193,6 +197,22 @@ class Trainer:
 
             plot_run(self.out)
         return result
+
+    def _end(self, stop_at: int | None) -> int:
+        return self.cfg.max_steps if stop_at is None else min(stop_at, self.cfg.max_steps)
+
+    def _set_max_steps(self, steps: int | None, bar, evals: int) -> TrainConfig:
+        """A new schedule length (at least the steps done; every rank takes rank 0's, so they stop together), with
+        `evals` validations spread over it."""
+        asked = self.info.is_main and steps is not None
+        got = dist.all_reduce_sum(torch.tensor([steps if asked else 0, asked], dtype=torch.float64), self.info)
+        if got[1] > 0:
+            steps = max(int(got[0]), self.step)
+            if steps != self.cfg.max_steps:
+                self.cfg = self.tracker.cfg = self.cfg.replace(max_steps=steps, eval_every=max(1, -(-steps // evals)))
+                bar.total = steps
+                bar.refresh()
+        return self.cfg
 
     def _train_step(self) -> float:
         cfg, info = self.cfg, self.info

@@ -7,6 +7,7 @@ token and, where one is set, a read-only "view" token. Each app answers a refusa
 from __future__ import annotations
 
 import ipaddress
+import os
 import secrets
 from enum import Enum
 
@@ -56,3 +57,22 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:  # a hostname: it may resolve to anything
         return False
+
+
+def read_token(path: str | None, env_name: str, flag: str) -> str | None:
+    """A secret from the file `path` (the `flag` option), else from the environment variable `env_name`;
+    None when neither is given. Never from the command line, where every user of the machine sees it
+    (`ps`). ValueError, in one line, for a file that cannot be read or an empty secret."""
+    if path is not None:
+        try:
+            with open(path) as f:
+                value = f.read().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read {flag} {path}: {exc.strerror}") from None
+        if not value:
+            raise ValueError(f"{flag} {path} is empty")
+        return value
+    value = os.environ.get(env_name)
+    if value is not None and not value.strip():
+        return None  # set but empty: no token, as before
+    return value.strip() if value else None

@@ -2,6 +2,11 @@
 timeout kills git and whatever it started), `git()` returns its output or raises `GitError` in git's
 own words, and `apply_patch` is the one way a patch is applied. Plus the few repository builders the
 SWE harness, bisect and the benchmark generator share.
+
+Git is not an execution surface: a repository's files and config are untrusted (an agent's commands
+write them), so `run_git` gives git an environment without secrets (no agent token, no model key),
+reads neither the system's nor the user's config, and turns off every program a config could start:
+hooks, the fsmonitor daemon, the `ext::` transport, credential helpers.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ IDENTITY = {"GIT_AUTHOR_NAME": "openglm", "GIT_AUTHOR_EMAIL": "openglm@localhost
             "GIT_COMMITTER_NAME": "openglm", "GIT_COMMITTER_EMAIL": "openglm@localhost",
             "GIT_AUTHOR_DATE": "2025-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2025-01-01T00:00:00Z"}
 NO_PROMPT = {"GIT_TERMINAL_PROMPT": "0"}  # a clone that needs credentials fails instead of waiting for them
+SEALED_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+SEALED_CONFIG = ("core.hooksPath=/dev/null", "core.fsmonitor=false", "protocol.ext.allow=never", "credential.helper=")
 
 
 class GitError(RuntimeError):
@@ -35,11 +42,12 @@ def _failed(command: str, result: proc.Result, timeout: float | None) -> GitErro
 
 def run_git(args, cwd, *, env: dict | None = None, input: str | bytes | None = None,
             timeout: float | None = None, text: bool = False) -> proc.Result:
-    """`git ARGS` in `cwd` with CRLF conversion off. `env` is the whole environment (None: this
-    process's, with openglm's identity and no credential prompts)."""
+    """`git ARGS` in `cwd` with CRLF conversion off, sealed (see above). `env` is the whole environment
+    (None: this process's, with openglm's identity and no credential prompts); secrets are dropped from it."""
     env = {**os.environ, **IDENTITY, **NO_PROMPT} if env is None else env
-    return proc.run(["git", "-c", "core.autocrlf=false", *args], cwd=cwd, env=env, input=input,
-                    timeout=timeout, text=text)
+    sealed = [arg for setting in SEALED_CONFIG for arg in ("-c", setting)]
+    return proc.run(["git", *sealed, "-c", "core.autocrlf=false", *args], cwd=cwd,
+                    env=proc.scrubbed_env(env, SEALED_ENV), input=input, timeout=timeout, text=text)
 
 
 def git(repo, *args: str, input: str | None = None, check: bool = True, env: dict | None = None,
@@ -53,9 +61,10 @@ def git(repo, *args: str, input: str | None = None, check: bool = True, env: dic
 
 
 def clone(source, dest, *options: str, timeout: float | None = None) -> None:
-    """`git clone --quiet OPTIONS SOURCE DEST`; GitError (git's message) when it fails."""
-    result = run_git(["clone", "--quiet", *options, os.fspath(source), os.fspath(dest)], None, timeout=timeout,
-                     text=True)
+    """`git clone --quiet OPTIONS -- SOURCE DEST` (a source starting with '-' is never an option); GitError
+    (git's message) when it fails."""
+    result = run_git(["clone", "--quiet", *options, "--", os.fspath(source), os.fspath(dest)], None,
+                     timeout=timeout, text=True)
     if not result.ok:
         raise _failed(f"git clone {os.fspath(source)}", result, timeout)
 

@@ -2,14 +2,16 @@
 SWE harness, verify, bisect, test runs, git) starts in `spawn`, in a session of its own, so that a
 timeout or a cancel kills the command's whole process group and not only its first process.
 
-`spawn` is the one place a command starts: a sandbox (a bubblewrap launcher, say) wraps `argv` there
-once for every caller. `run` is spawn + wait with a timeout + the output. `kill_group`, `stop_group`
-and `kill_tree` are the process-tree kills.
+`spawn` is the one place a command starts: given a `sandbox` (`openglm.util.sandbox.Sandbox`: a task's
+commands), it wraps `argv` in the sandbox's launcher and adds the sandbox's limits to the child. `run` is
+spawn + wait with a timeout + the output. `kill_group`, `stop_group` and `kill_tree` are the process-tree
+kills. `scrubbed_env` is the environment a process that needs no secrets gets (a task's commands, git).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -18,6 +20,28 @@ from dataclasses import dataclass
 import psutil
 
 PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
+
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH(?!OR)|COOKIE|SESSION|PRIVATE", re.I)
+_SECRET_PREFIXES = ("AWS_", "AZURE_", "GCP_", "GOOGLE_", "OPENAI_", "ANTHROPIC_", "HF_", "HUGGING", "GITHUB_",
+                    "OPENGLM_")
+
+
+def is_secret(name: str) -> bool:
+    """Whether an environment variable's name says it may hold a credential (keys, tokens, passwords,
+    cloud and model-provider settings, and every OPENGLM_ variable: the agent's token, the model key).
+    Git's own GIT_CONFIG_KEY_<n> (config passed in the environment) is not one."""
+    if name.startswith("GIT_CONFIG_"):
+        return False
+    return bool(_SECRET.search(name)) or name.upper().startswith(_SECRET_PREFIXES)
+
+
+def scrubbed_env(env: dict | None = None, extra: dict | None = None) -> dict:
+    """`env` (default: this process's environment) without any variable that may hold a secret, plus
+    `extra` (added after scrubbing: a caller may pass what it knows the command needs)."""
+    base = os.environ if env is None else env
+    out = {k: v for k, v in base.items() if not is_secret(k)}
+    out.update(extra or {})
+    return out
 
 
 @dataclass
@@ -37,22 +61,38 @@ class Result:
 
 
 def spawn(argv, *, cwd=None, env: dict | None = None, stdin=None, stdout=None, stderr=None,
-          preexec_fn=None) -> subprocess.Popen:
-    """Start `argv` as the leader of a new session (its pid is its process group's id)."""
-    return subprocess.Popen([os.fspath(a) for a in argv], cwd=cwd, env=env, stdin=stdin, stdout=stdout,
-                            stderr=stderr, start_new_session=True, preexec_fn=preexec_fn)
+          preexec_fn=None, sandbox=None) -> subprocess.Popen:
+    """Start `argv` as the leader of a new session (its pid is its process group's id); in `sandbox`
+    when one is given (its `wrap` gives the launcher's argv, its `preexec` limits the child)."""
+    argv = [os.fspath(a) for a in argv]
+    if sandbox is not None:
+        argv = sandbox.wrap(argv, cwd=os.fspath(cwd) if cwd is not None else None)
+        preexec_fn = _chain(sandbox.preexec, preexec_fn)
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr,
+                            start_new_session=True, preexec_fn=preexec_fn)
+
+
+def _chain(first, then):
+    if then is None:
+        return first
+
+    def both():
+        then()  # the caller's own set-up (e.g. die with the parent) before the sandbox's limits
+        first()
+
+    return both
 
 
 def run(argv, *, cwd=None, env: dict | None = None, input: str | bytes | None = None,
-        timeout: float | None = None, text: bool = True, merge_stderr: bool = False) -> Result:
+        timeout: float | None = None, text: bool = True, merge_stderr: bool = False, sandbox=None) -> Result:
     """Run `argv` to the end, or until `timeout` seconds have passed: then its whole process group is
     killed and what it printed so far is returned with `timed_out`. stdin is `input` (else empty, so a
     command that asks a question fails instead of waiting). With `text`, output is decoded as UTF-8
-    (undecodable bytes replaced: a command's output is never trusted to be clean)."""
+    (undecodable bytes replaced: a command's output is never trusted to be clean). `sandbox`: as in spawn."""
     data = input.encode() if isinstance(input, str) else input
     start = time.monotonic()
     proc = spawn(argv, cwd=cwd, env=env, stdin=PIPE if data is not None else DEVNULL, stdout=PIPE,
-                 stderr=STDOUT if merge_stderr else PIPE)
+                 stderr=STDOUT if merge_stderr else PIPE, sandbox=sandbox)
     timed_out = False
     try:
         out, err = proc.communicate(data, timeout=timeout)

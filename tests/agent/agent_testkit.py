@@ -102,7 +102,8 @@ class AgentServer:
         self.url = f"http://127.0.0.1:{port}"
         self.data_dir = tmp_path / "server-data"
         cmd = [sys.executable, "-m", "openglm.agent", "agent-server", "--port", str(port), "--data-dir",
-               str(self.data_dir), "--replay", replay, "--workers", str(workers), "--lease-ttl", "3", *extra_args]
+               str(self.data_dir), "--replay", replay, "--workers", str(workers), "--lease-ttl", "3",
+               "--workspace-root", str(tmp_path), *extra_args]
         env = dict(os.environ, OPENGLM_AGENT_TOKEN=token or "")
         self.proc = subprocess.Popen(cmd, env=env, cwd=tmp_path)
 

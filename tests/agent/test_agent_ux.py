@@ -72,6 +72,7 @@ def test_agent_server_says_where_it_listens_and_logs_each_request(tmp_path):
         assert f"  store      {tmp_path / 'd' / 'agent.db'} (SQLite)" in head
         assert "  workers    1 embedded" in head and "examples/turns.jsonl" in head
         assert "  auth       none: loopback only" in head and "one line per request" in head
+        assert "  sandbox    bwrap\n" in head
         assert httpx.get(f"{url}/v1/tasks", timeout=10).json() == {"tasks": []}
         assert '"GET /v1/tasks HTTP/1.1" 200' in out.until(r"GET /v1/tasks", timeout=30)
         # a second server on the same port: one line saying so (before, uvicorn's bind error after the workers)
@@ -91,9 +92,9 @@ def test_banner_names_auth_and_workers_and_never_a_secret():
     text = banner(config, "0.0.0.0", 8100, 0, "tok-123", "view-456", "warning")
     assert "hunter2" not in text and "sk-secret" not in text and "tok-123" not in text and "view-456" not in text
     assert "redis://db:6379/0 (Redis)" in text and "glm-5.1 at http://gpu:8000/v1" in text
-    assert "listening on all interfaces, 0.0.0.0:8100" in text and "/ui/#token=<your --token>" in text
+    assert "listening on all interfaces, 0.0.0.0:8100" in text and "/ui/#token=<your token>" in text
     assert "none embedded (API only: start `openglm worker --store redis://db:6379/0`)" in text
-    assert "bearer token" in text and "read-only --view-token" in text and "requests are not logged" in text
+    assert "bearer token" in text and "read-only view token" in text and "requests are not logged" in text
     assert "none configured" in banner(AgentConfig(), "127.0.0.1", 8100, 1, None, None, "info")
 
 

@@ -46,7 +46,8 @@ DESKTOP_TURNS = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("api")
-    srv = AgentServer(tmp, free_port(), write_script(tmp / "desktop.jsonl", DESKTOP_TURNS)).wait_ready()
+    srv = AgentServer(tmp, free_port(), write_script(tmp / "desktop.jsonl", DESKTOP_TURNS),  # tests' own tmp_path too
+                      extra_args=("--workspace-root", str(tmp_path_factory.getbasetemp()))).wait_ready()
     srv.tmp = tmp
     yield srv
     srv.stop()

@@ -173,7 +173,7 @@ def test_shell_publishes_output_while_the_command_runs(tmp_path, monkeypatch):
 def test_view_token_reads_but_cannot_control(sqlite, config, workspace):
     app = create_app(config, store=sqlite, token="full", view_token="look")
     task = service.submit(sqlite, config, "x", str(workspace))
-    with TestClient(app) as http:
+    with TestClient(app, base_url="http://localhost") as http:
         assert http.get("/ui/").status_code == 200 and "openglm tasks" in http.get("/ui/").text  # a shell, no data
         assert http.get("/v1/dash/tasks").status_code == 401
         view = {"Authorization": "Bearer look"}

@@ -64,7 +64,8 @@ def recorder(model_server):
 
 def _agent_server(tmp, port, config):
     return subprocess.Popen([sys.executable, "-m", "openglm", "agent-server", "--port", str(port), "--data-dir",
-                             str(tmp / "agent-data"), "--config", str(config), "--workers", "1", "--lease-ttl", "2"],
+                             str(tmp / "agent-data"), "--config", str(config), "--workers", "1", "--lease-ttl", "2",
+                             "--workspace-root", str(tmp)],
                             env=_env(), cwd=tmp, start_new_session=True)
 
 

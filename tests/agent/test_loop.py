@@ -76,7 +76,10 @@ def test_pause_resume_and_cancel(store, config, workspace):
     result = {}
     th = threading.Thread(target=lambda: result.update(state=worker.run_one()))
     th.start()
-    time.sleep(0.3)
+    running = config.task_dir(task.id) / "running.pgid"  # the first command has started
+    deadline = time.monotonic() + 30
+    while not running.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     service.pause(store, task.id)
     th.join(10)
     assert result["state"] == "PAUSED" and store.get_task(task.id).state == "PAUSED"
@@ -219,13 +222,20 @@ def test_git_repository_workspace_is_cloned_and_missing_workspace_rejected(store
     for cmd in (["git", "init", "-q"], ["git", "add", "."], ["git", "commit", "-qm", "init"]):
         subprocess.run(cmd, cwd=src, check=True, env=env)
     task = service.submit(store, config, "cloned", repo=str(src))
+    assert not (tmp_path / "data" / "workspaces" / task.id).exists()  # the worker clones, not the submit call
+    assert make_worker(config, store, [turn(call("submit", summary="done"))]).run_one() == "SUCCEEDED"
     assert (tmp_path / "data" / "workspaces" / task.id / "README").read_text() == "from git\n"
     with pytest.raises(ConstraintError) as e:
         service.submit(store, config, "x", str(tmp_path / "missing"))
     assert e.value.field == "workspace"
     with pytest.raises(ConstraintError) as e:
-        service.submit(store, config, "x", repo=str(tmp_path / "not-a-repo"))
+        service.submit(store, config, "x", repo=str(tmp_path / "no-such-dir"))
     assert e.value.field == "repo"
+    (tmp_path / "not-a-repo").mkdir()
+    bad = service.submit(store, config, "x", repo=str(tmp_path / "not-a-repo"))
+    assert make_worker(config, store, []).run_one() == "FAILED"
+    reason = store.get_task(bad.id).reason
+    assert reason.startswith(f"cannot clone {str(tmp_path / 'not-a-repo')!r}") and "fatal" not in reason
 
 
 def test_monitor_lifecycle_and_rollback_from_a_step_callback(store, config, workspace):

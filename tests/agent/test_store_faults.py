@@ -122,7 +122,7 @@ def test_api_answers_503_while_the_store_is_unavailable(tmp_path, config):
     from fastapi.testclient import TestClient
 
     store = SQLiteStore(str(tmp_path / "agent.db"))
-    client = TestClient(create_app(config, store=store))
+    client = TestClient(create_app(config, store=store), base_url="http://localhost")
     disk_full(store, True)
     resp = client.post("/v1/tasks", json={"objective": "x"})
     assert resp.status_code == 503 and "disk full" in resp.json()["detail"] and resp.headers["retry-after"]
@@ -197,7 +197,7 @@ def test_a_dead_worker_thread_is_restarted_and_health_reports_liveness(tmp_path,
     store = SQLiteStore(str(tmp_path / "agent.db"))
     stop, count = threading.Event(), []
     pool = WorkerPool(config, 1, stop, make_worker=lambda: _CrashOnce(count))
-    client = TestClient(create_app(config, store=store, workers=pool))
+    client = TestClient(create_app(config, store=store, workers=pool), base_url="http://localhost")
     try:
         wait_for(lambda: pool.restarts == 1 and pool.health()["workers_alive"] == 1, timeout=10, what="restart")
         body = client.get("/health").json()
@@ -208,7 +208,7 @@ def test_a_dead_worker_thread_is_restarted_and_health_reports_liveness(tmp_path,
     resp = client.get("/health")
     assert resp.status_code == 503 and resp.json()["workers_alive"] == 0
     down = RedisStore(f"redis://127.0.0.1:{free_port()}/0", retries=0)  # the store's health is reported too
-    resp = TestClient(create_app(config, store=down)).get("/health")
+    resp = TestClient(create_app(config, store=down), base_url="http://localhost").get("/health")
     assert resp.status_code == 503 and "redis unreachable" in resp.json()["store"]
 
 

@@ -3,10 +3,11 @@ import time
 
 import pytest
 
-from openglm.agent.task import Resources
-from openglm.agent.tools import ResourceLimiter, ToolBox
+from openglm.agent.tools import ToolBox
 from openglm.agent.tools.files import PathEscape, confine
-from openglm.agent.tools.shell import run_shell, scrubbed_env
+from openglm.agent.tools.shell import run_shell
+from openglm.util.proc import scrubbed_env
+from openglm.util.sandbox import Sandbox, SandboxConfig
 
 
 def test_shell_runs_in_workspace_with_exit_code(workspace):
@@ -48,12 +49,16 @@ def test_cancel_stops_a_running_command(workspace):
 
 
 def test_resource_limits_cpu_affinity_and_memory(workspace):
-    lim = ResourceLimiter(Resources(cpus=1, memory_bytes=300 * 2**20))
-    assert lim.mode in ("cgroup-v2", "rlimit")
-    r = run_shell("python3 -c 'import os; print(len(os.sched_getaffinity(0)))'", str(workspace), limiter=lim)
-    assert r.output.split()[-1] == "1"
-    r = run_shell("python3 -c 'x = bytearray(800 * 2**20); print(\"allocated\")'", str(workspace), limiter=lim)
-    assert r.exit_code != 0 and "allocated" not in r.output
+    sandbox = Sandbox(SandboxConfig(), str(workspace), cpus=1, memory_bytes=300 * 2**20)
+    try:
+        assert sandbox.describe()["memory_via"] in ("memory cgroup", "RLIMIT_AS + watchdog")
+        r = run_shell("python3 -c 'import os; print(len(os.sched_getaffinity(0)))'", str(workspace), sandbox=sandbox)
+        assert r.output.split()[-1] == "1"
+        r = run_shell("python3 -c 'x = bytearray(800 * 2**20); print(\"allocated\")'", str(workspace),
+                      sandbox=sandbox)
+        assert r.exit_code != 0 and "allocated" not in r.output
+    finally:
+        sandbox.close()
 
 
 def test_file_tools_and_confinement(workspace, tmp_path):

@@ -19,7 +19,7 @@ def api(tmp_path):
     config = AgentConfig(data_dir=str(tmp_path / "data"), model={"base_url": ALLOWED, "model": "m"},
                          replay_dirs=[str(tmp_path / "replays")])
     store = SQLiteStore(str(tmp_path / "agent.db"))
-    return TestClient(create_app(config, store=store)), store, tmp_path
+    return TestClient(create_app(config, store=store), base_url="http://localhost"), store, tmp_path
 
 
 @pytest.mark.parametrize("model,field", [

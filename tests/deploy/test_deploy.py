@@ -69,7 +69,7 @@ VLLM = {
     ("--enable-expert-parallel", "-ep"): "switch", ("--no-enable-expert-parallel",): "switch",
     ("--enable-prefix-caching",): "switch", ("--no-enable-prefix-caching",): "switch",
     ("--enable-auto-tool-choice",): "switch", ("--no-enable-auto-tool-choice",): "switch",
-    ("--trust-remote-code",): "switch",
+    ("--trust-remote-code",): "switch", ("--default-chat-template-kwargs",): dict(type=JSON),
 }
 SGLANG = {
     ("--model-path", "--model"): {}, ("--served-model-name",): {}, ("--host",): {}, ("--port",): dict(type=INT),
@@ -367,3 +367,14 @@ def test_run_without_the_engine_installed_is_a_clear_error(capsys, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     status, out, err = deploy(capsys, str(EXAMPLE), "--engine", "vllm", "--run")
     assert status == 1 and "'vllm' is not on PATH" in err and out == ""
+
+
+def test_thinking_defaults_go_to_vllm_and_are_noted_elsewhere():
+    cfg = parse_deploy_config({"model": "m", "default_chat_template_kwargs": {"enable_thinking": False},
+                               "thinking_token_budget": 512})
+    argv, notes = launch_command(cfg, "vllm")
+    assert parse_line("vllm", argv).default_chat_template_kwargs == {"enable_thinking": False}
+    assert any("thinking_token_budget=512" in n for n in notes)
+    argv, notes = launch_command(cfg, "sglang")
+    assert "--default-chat-template-kwargs" not in argv and parse_line("sglang", argv)
+    assert any("chat_template_kwargs with each request" in n for n in notes)

@@ -68,3 +68,37 @@ def test_tensor_parallel_ranks_run_without_speculation_and_say_so(tmp_path):
 def test_a_bad_serve_command_names_what_is_wrong(argv, message):
     with pytest.raises(DeployConfigError, match=message):
         serve_config(serve_args(*argv))
+
+
+def test_thinking_defaults_from_flags_and_deploy_yaml(tmp_path):
+    """vLLM's --default-chat-template-kwargs (JSON) and the thinking budget, as flags and as deploy.yaml keys."""
+    flags = serve_config(serve_args("m", "--default-chat-template-kwargs", '{"enable_thinking": false}',
+                                    "--thinking-token-budget", "64"))
+    path = tmp_path / "deploy.yaml"
+    path.write_text("model: m\ndefault_chat_template_kwargs: {enable_thinking: false}\nthinking_token_budget: 64\n")
+    config = load_deploy_config(path)
+    assert (flags.default_chat_template_kwargs, flags.thinking_token_budget) == \
+        (config.default_chat_template_kwargs, config.thinking_token_budget) == ({"enable_thinking": False}, 64)
+
+
+def test_the_template_switches_are_the_servers():
+    from openglm.deploy.config import TEMPLATE_SWITCHES
+    from openglm.server.protocol import ChatTemplateKwargs
+
+    assert set(TEMPLATE_SWITCHES) == set(ChatTemplateKwargs.model_fields)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["m", "--default-chat-template-kwargs", '{"enable_thinking": "no"}'], "enable_thinking must be true or false"),
+    (["m", "--default-chat-template-kwargs", '{"reasoning_effort": "low"}'], "unknown key"),
+    (["m", "--thinking-token-budget", "-3"], "thinking_token_budget must be a non-negative integer")])
+def test_bad_thinking_defaults_name_what_is_wrong(argv, message):
+    with pytest.raises(DeployConfigError, match=message):
+        serve_config(serve_args(*argv))
+
+
+def test_template_kwargs_that_are_not_a_json_object_are_refused(capsys):
+    for text in ("{enable_thinking: false}", "[1]"):
+        with pytest.raises(SystemExit):
+            serve_args("m", "--default-chat-template-kwargs", text)
+        assert "--default-chat-template-kwargs" in capsys.readouterr().err

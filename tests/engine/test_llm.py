@@ -113,8 +113,8 @@ def test_bad_prompts_are_refused_by_the_one_check(llm, prompt, message):
 
 
 def test_reported_text_is_never_taken_back(llm):
-    """While a request runs its reported text holds back what may still become a stop string: every report is a
-    prefix of the next (the server streams the difference), and the last one is the whole output."""
+    """While a request runs its reported text holds back what may still become a stop string: each output adds
+    to what the previous ones reported (the server streams that), and they add up to the whole output."""
     out = llm.generate("class A:", greedy(max_tokens=24), use_tqdm=False)[0].outputs[0]
     base = out.text
     # a stop string across two tokens (first seen there): its first part arrives a step before the rest
@@ -127,7 +127,10 @@ def test_reported_text_is_never_taken_back(llm):
     while engine.has_unfinished():
         for out in engine.step():
             for c in out.outputs:
-                reports[c.index].append(c.text)
+                assert c.text_offset == len(reports[c.index][-1])
+                reports[c.index].append(reports[c.index][-1] + c.delta_text)
+                if out.finished:
+                    assert c.text == reports[c.index][-1]
     for texts in reports.values():
         assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
         assert texts[-1] == base[: base.index(stop)]

@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 import openglm
 from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, load_model, save_pretrained
 from openglm.model import checkpoint as ckpt
+from openglm.model import save as saver
 from openglm.model.errors import TokenIdError
 
 TOL = 1e-4
@@ -73,7 +74,7 @@ def test_overwrite_is_atomic(tmp_path, monkeypatch):
             raise OSError("disk full")
         return save_file(*args, **kwargs)
 
-    monkeypatch.setattr(ckpt, "save_file", crash)
+    monkeypatch.setattr(saver, "save_file", crash)
     with pytest.raises(OSError):
         save_pretrained(b, tmp_path / "c", max_shard_size=20_000)
     loaded = load_model(tmp_path / "c")  # still the complete old checkpoint

@@ -117,6 +117,21 @@ def scale_without_fp8_config(path):
                                            VICTIM + "_scale_inv": torch.ones(4, 8)}))
 
 
+def without_layer_lists(path, **changes):
+    """config.json without its per-layer lists (nothing then caps the layer count), plus `changes`."""
+    cfg = json.loads((path / "config.json").read_text())
+    for key in ("mlp_layer_types", "indexer_types", "index_topk_pattern"):
+        cfg.pop(key, None)
+    cfg["openglm"].pop("attention_kinds", None)
+    (path / "config.json").write_text(json.dumps({**cfg, **changes}))
+
+
+def edit_openglm(path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["openglm"].update(changes)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
 # (id, input, exception, message pattern, how to make the bad checkpoint)
 ROWS = [
     ("model-type", "`model_type` not one of glm_moe_dsa, glm4_moe, glm4_moe_lite", UnknownModelTypeError,
@@ -139,6 +154,24 @@ ROWS = [
      lambda p: edit_config(p, rms_norm_eps=float("nan"))),
     ("negative", "`max_position_embeddings: -1`", ConfigError, r"max_position_embeddings=-1 must be > 0",
      lambda p: edit_config(p, max_position_embeddings=-1)),
+    ("too-many-layers", "`num_hidden_layers: 1000000000` (and no per-layer lists)", ConfigError,
+     r"num_hidden_layers=1000000000 must be in \[1, 1024\]",
+     lambda p: without_layer_lists(p, num_hidden_layers=10**9)),
+    ("too-many-experts", "`n_routed_experts: 100000000`", ConfigError,
+     r"n_routed_experts=100000000 is beyond what openglm accepts \(at most 8,192\)",
+     lambda p: edit_config(p, n_routed_experts=10**8)),
+    ("huge-config", "config.json over 1 MiB (a 10^8-character `index_topk_pattern`)", ConfigError,
+     r"the value of 'index_topk_pattern' makes the file 100,[\d,]+ bytes, more than a model config can need",
+     lambda p: edit_config(p, index_topk_pattern="F" * 10**8)),
+    ("query-chunk", "`attn_query_chunk: -4`", ConfigError, r"attn_query_chunk=-4 must be >= 1",
+     lambda p: edit_openglm(p, attn_query_chunk=-4)),
+    ("rope-theta", "`rope_theta: 1e308`", ConfigError, r"rope_theta=1e\+308 must be a number in \(0, 3\.4e\+38\]",
+     lambda p: edit_config(p, rope_parameters={"rope_type": "default", "rope_theta": 1e308})),
+    ("layers-vs-weights", "`num_hidden_layers` above the layers the weights hold", ConfigError,
+     r"num_hidden_layers=500, but the weights hold layers 0\.\.2",
+     lambda p: without_layer_lists(p, num_hidden_layers=500)),
+    ("experts-vs-weights", "`n_routed_experts` other than the experts the weights hold", ConfigError,
+     r"n_routed_experts=64, but layer 1's weights hold 8 experts", lambda p: edit_config(p, n_routed_experts=64)),
     ("kv-heads", "`num_key_value_heads` != heads in an MLA model", ConfigError,
      r"num_key_value_heads=2 must equal num_attention_heads=4", lambda p: edit_config(p, num_key_value_heads=2)),
     ("rope-type", "a `rope_type` other than default / yarn", ConfigError, r"rope_type='longrope' is not supported",
@@ -242,7 +275,10 @@ def test_cli_prints_one_line_without_traceback(argv, saved, tmp_path):
     import subprocess
     import sys
 
+    from openglm.tokenizer import train_tokenizer
+
     edit_tensors(saved, lambda t: t.update({VICTIM: t[VICTIM].long()}))
+    train_tokenizer([f"def f{i}(x): return x" for i in range(50)], 300).save(saved)  # generate/serve read it first
     (saved / "trainer_state.pt").write_bytes(b"\x80\x02garbage")  # train --resume reads this before the weights
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"text": f"def f{i}(x):\n    return x + {i}\n" * 4}) + "\n" for i in range(40)))

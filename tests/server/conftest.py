@@ -1,5 +1,6 @@
 """A live `openglm serve` subprocess on loopback (the real CLI), plus an in-process factory for
-servers with unusual settings. Both use a random-weight tiny checkpoint."""
+servers with unusual settings, and an in-process server whose model writes a scripted reply. All use a
+random-weight tiny checkpoint."""
 
 import os
 import threading
@@ -100,3 +101,46 @@ def metric():
         raise KeyError(f"metric {name} not found")
 
     return read
+
+
+class ScriptedModel(torch.nn.Module):
+    """The checkpoint's model, whose next token is forced to follow a script once the prompt's last
+    token (the generation prompt's `</think>`) has been read: the server's real path (template,
+    engine, detokenizer, parsers, SSE) runs on a reply we choose."""
+
+    def __init__(self, inner, start_tokens: set[int]):
+        super().__init__()
+        self.inner, self.config, self.start_tokens = inner, inner.config, start_tokens
+        self.script: list[int] = []
+        self.start = None
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None):
+        out = self.inner(input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache)
+        logits = out.logits.clone()
+        for row in range(input_ids.shape[0]):
+            n = int(attention_mask[row].sum()) - int(attention_mask[row, : attention_mask.shape[1] - input_ids.shape[1]].sum())
+            last, pos = int(input_ids[row, n - 1]), int(position_ids[row, n - 1])
+            if last in self.start_tokens and n > 1:  # a prefill ending with the generation prompt
+                self.start = pos
+            k = pos - self.start if self.start is not None else -1
+            if 0 <= k < len(self.script):
+                logits[row, n - 1] = -1e9
+                logits[row, n - 1, self.script[k]] = 1e9
+        out.logits = logits
+        return out
+
+
+@pytest.fixture(scope="module")
+def scripted(start_server):
+    """An in-process server whose model writes the reply a test scripts: (OpenAI client, reply(text))."""
+    from openai import OpenAI
+
+    url, engine = start_server(max_model_len=1024, num_kv_blocks=256)
+    tok = engine.tokenizer
+    model = ScriptedModel(engine.runner.model, {tok.marker_id("</think>"), tok.marker_id("<think>")})
+    engine.runner.model = model
+
+    def reply(text: str):
+        model.script, model.start = tok.encode(text) + [tok.token_id("<|observation|>")], None
+
+    return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120), reply

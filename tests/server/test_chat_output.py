@@ -38,6 +38,8 @@ def test_any_chunking_gives_the_whole_result(text, thinking):
         assert [(c.name, c.arguments) for c in p.calls] == [(c.name, c.arguments) for c in whole.calls]
         assert "".join(d.content for d in deltas) == p.content  # what was streamed is never taken back
         assert "".join(d.reasoning for d in deltas) == p.reasoning
+        assert ["".join(c.arguments for d in deltas for c in d.calls if c.index == i) for i in range(len(p.calls))] \
+            == [c.arguments for c in p.calls]  # the argument pieces are the arguments
 
 
 def test_typed_arguments_and_finish_reason():
@@ -47,9 +49,41 @@ def test_typed_arguments_and_finish_reason():
     assert [json.loads(c["function"]["arguments"]) for c in msg["tool_calls"]] == [{"city": "Paris", "days": 3}, {}]
     p, _ = parse(TEXTS[3], True)
     assert json.loads(p.calls[0].arguments) == {"opts": {"a": [1]}}
-    p, _ = parse(TEXTS[1], True)
-    assert p.reasoning == "I reason" and p.content == "x  <tool_call>bad</tool_call> y <tool_call>get_weather<arg_key>city"
-    assert p.message("length") == ({"role": "assistant", "content": p.content, "reasoning_content": "I reason"}, "length")
+    p, _ = parse(TEXTS[1], True)  # a call the turn cuts off keeps the arguments that arrived (none here)
+    assert p.reasoning == "I reason" and p.content == "x  <tool_call>bad</tool_call> y"
+    assert p.message("length") == ({"role": "assistant", "content": p.content, "reasoning_content": "I reason",
+                                    "tool_calls": [p.calls[0].as_openai()]}, "length")
+    assert (p.calls[0].name, p.calls[0].arguments) == ("get_weather", "{}")
+
+
+def test_arguments_stream_as_generated():
+    """A plain-string value streams as it arrives; a typed one when complete; the pieces are the final JSON."""
+    p = ChatOutputParser(False, TOOLS)
+    pieces = ["<tool_call>get_weather<arg_key>city</arg_key><arg_value>Pa", "r\"is\n", "</arg_value><arg_key>",
+              "days</arg_key><arg_value>1", "4</arg_value></tool_call>"]
+    deltas = [p.feed(x) for x in pieces] + [p.finish()]
+    sent = [[(c.index, c.id is not None, c.arguments) for c in d.calls] for d in deltas]
+    assert sent == [[(0, True, '{"city": "Pa')], [(0, False, 'r\\"is\\n')], [(0, False, '"')], [],
+                    [(0, False, ', "days": 14}')], []]
+    assert json.loads(p.calls[0].arguments) == {"city": 'Par"is\n', "days": 14}
+    assert p.message("stop")[1] == "tool_calls"
+
+
+def test_a_call_ends_where_its_body_stops_being_pairs():
+    p, _ = parse("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Rome</arg_value> and then text", False)
+    assert json.loads(p.calls[0].arguments) == {"city": "Rome"} and p.content == " and then text"
+    p, _ = parse("<tool_call>get_weather<arg_key>city</arg_key> oops", False)  # a key without a value
+    assert p.calls[0].arguments == "{}" and p.content == "<arg_key>city</arg_key> oops"
+    p, _ = parse("<tool_call>get_weathers<arg_key>a</arg_key></tool_call>", False)  # not a listed tool: text
+    assert p.calls == [] and p.content == "<tool_call>get_weathers<arg_key>a</arg_key></tool_call>"
+
+
+def test_a_call_inside_the_reasoning_ends_it():
+    p, _ = parse("look\n<tool_call>get_weather<arg_key>days</arg_key><arg_value>2</arg_value></tool_call>\n</think>"
+                 "answer", True)
+    assert (p.reasoning, p.content) == ("look", "answer") and json.loads(p.calls[0].arguments) == {"days": 2}
+    p, _ = parse("look <tool_call>nope</tool_call> more</think>answer", True)  # not a call: reasoning goes on
+    assert (p.reasoning, p.content, p.calls) == ("look <tool_call>nope</tool_call> more", "answer", [])
 
 
 def test_without_tools_markers_are_text_and_without_thinking_no_reasoning():

@@ -8,7 +8,6 @@ import json
 
 import jsonschema
 import pytest
-import torch
 from openai import BadRequestError, OpenAI
 from testutil import openglm_serve
 
@@ -45,9 +44,9 @@ def live(start_server):
     prompts = []
     add = engine.add_request
 
-    def recording_add(prompt, params=None, request_id=None):
+    def recording_add(prompt, params=None, request_id=None, **kw):
         prompts.append(list(prompt))
-        return add(prompt, params, request_id)
+        return add(prompt, params, request_id, **kw)
 
     engine.add_request = recording_add
     return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120), engine, prompts
@@ -208,47 +207,8 @@ def _decoded(live, ids):
     return live[1].tokenizer.decode(ids, skip_special_tokens=False)
 
 
-# ---- parsing what a model writes, through the live server (tool_choice "auto": no constraint) ------
-class ScriptedModel(torch.nn.Module):
-    """The checkpoint's model, whose next token is forced to follow a script once the prompt's last
-    token (the generation prompt's `</think>`) has been read: the server's real path (template,
-    engine, detokenizer, parsers, SSE) runs on a reply we choose."""
-
-    def __init__(self, inner, start_tokens: set[int]):
-        super().__init__()
-        self.inner, self.config, self.start_tokens = inner, inner.config, start_tokens
-        self.script: list[int] = []
-        self.start = None
-
-    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None):
-        out = self.inner(input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache)
-        logits = out.logits.clone()
-        for row in range(input_ids.shape[0]):
-            n = int(attention_mask[row].sum()) - int(attention_mask[row, : attention_mask.shape[1] - input_ids.shape[1]].sum())
-            last, pos = int(input_ids[row, n - 1]), int(position_ids[row, n - 1])
-            if last in self.start_tokens and n > 1:  # a prefill ending with the generation prompt
-                self.start = pos
-            k = pos - self.start if self.start is not None else -1
-            if 0 <= k < len(self.script):
-                logits[row, n - 1] = -1e9
-                logits[row, n - 1, self.script[k]] = 1e9
-        out.logits = logits
-        return out
-
-
-@pytest.fixture(scope="module")
-def scripted(start_server):
-    url, engine = start_server(max_model_len=1024, num_kv_blocks=256)
-    tok = engine.tokenizer
-    model = ScriptedModel(engine.runner.model, {tok.marker_id("</think>"), tok.marker_id("<think>")})
-    engine.runner.model = model
-
-    def reply(text: str):
-        model.script, model.start = tok.encode(text) + [tok.token_id("<|observation|>")], None
-
-    return OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120), reply
-
-
+# ---- parsing what a model writes, through the live server (tool_choice "auto": no constraint; `scripted`:
+# tests/server/conftest.py) ----------------------------------------------------------------------------------
 CALL_TEXT = ("Let me check.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
              "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>")
 
@@ -278,9 +238,9 @@ def test_auto_tool_call_is_parsed_whole_and_streamed(scripted):
 
 
 @pytest.mark.parametrize("text", [
-    "oops <tool_call>get_weather<arg_key>city</arg_key>",  # never closed
     "<tool_call>launch_missiles<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>",  # unknown tool
     "<tool_call>get_weather<arg_value>no key</arg_value></tool_call>",  # not key/value pairs
+    "oops <tool_call>get_weath",  # no complete name
 ])
 def test_malformed_calls_stay_in_content(scripted, text):
     client, reply = scripted
@@ -288,6 +248,21 @@ def test_malformed_calls_stay_in_content(scripted, text):
     out = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], max_tokens=200,
                                          extra_body=NO_THINK).choices[0]
     assert out.finish_reason == "stop" and not out.message.tool_calls and out.message.content == text
+
+
+def test_a_cut_off_call_keeps_what_arrived_whole_and_streamed(scripted):
+    """A call is a call from its listed name on (its arguments stream from there): cut off, it keeps them."""
+    client, reply = scripted
+    kw = dict(model=MODEL, messages=ASK, tools=[WEATHER], max_tokens=200, extra_body=NO_THINK)
+    text = "oops <tool_call>get_weather<arg_key>city</arg_key><arg_value>Par"
+    reply(text)
+    out = client.chat.completions.create(**kw).choices[0]
+    assert out.finish_reason == "tool_calls" and out.message.content == "oops"
+    assert json.loads(out.message.tool_calls[0].function.arguments) == {"city": "Par"}
+    reply(text)
+    pieces = [tc.function.arguments for c in client.chat.completions.create(stream=True, **kw)
+              for tc in c.choices[0].delta.tool_calls or []]
+    assert "".join(pieces) == out.message.tool_calls[0].function.arguments
 
 
 def test_reasoning_then_answer_whole_and_streamed(scripted):

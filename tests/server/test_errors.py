@@ -16,14 +16,16 @@ def check_error(resp, status, param=None):
     assert resp.status_code == status, resp.text
     err = resp.json()["error"]
     assert set(err) >= {"message", "type", "param", "code"} and err["message"]
+    if status == 400:  # every 400 names what was wrong in `param` ("body" for the body as a whole)
+        assert err["param"], err
     if param is not None:
-        assert param in (err["param"] or "") or param in err["message"]
+        assert param in err["param"] or param in err["message"]
     return err
 
 
 def test_malformed_json(http):
     resp = http.post(CHAT, content=b'{"model": "tiny-test", "messages": [', headers={"Content-Type": "application/json"})
-    err = check_error(resp, 400)
+    err = check_error(resp, 400, "body")
     assert err["type"] == "invalid_request_error" and "JSON" in err["message"]
     check_error(http.post(CHAT, content=b"[1, 2]", headers={"Content-Type": "application/json"}), 400)
 
@@ -45,6 +47,32 @@ def test_malformed_json(http):
 ])
 def test_bad_chat_fields_are_400(http, body, param):
     check_error(http.post(CHAT, json={"model": "tiny-test", **body}), 400, param)
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.mark.parametrize("body,param,says", [
+    ({"logit_bias": {"1": 5}, "bad_words": ["x"]}, "logit_bias", "does not support this field (nor bad_words)"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                                {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+     "messages.0.content.1", "image input is not supported"),
+    ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
+     "messages.0.content.0", "audio input is not supported"),
+    ({"tools": [TOOL, TOOL]}, "tools", "unique"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice", "no tool"),
+    ({"tool_choice": "required"}, "tool_choice", "at least one tool"),
+    ({"reasoning_effort": "extreme"}, "reasoning_effort", "none"),
+    ({"thinking": {"type": "maybe"}}, "thinking.type", "enabled"),
+    ({"thinking": {"type": "disabled"}, "reasoning_effort": "high"}, "reasoning_effort", "turns thinking on"),
+    ({"chat_template_kwargs": {"enable_thinking": True}, "thinking": {"type": "disabled"}}, "thinking.type",
+     "turns thinking off"),
+    ({"thinking_token_budget": -1}, "thinking_token_budget", "greater than or equal to 0"),
+    ({"chat_template_kwargs": {"reasoning": True}}, "chat_template_kwargs.reasoning", "unknown field"),
+])
+def test_each_400_names_its_field(http, body, param, says):
+    err = check_error(http.post(CHAT, json={"model": "tiny-test", "messages": MSG, **body}), 400)
+    assert err["param"] == param and says in err["message"], err
 
 
 def test_bad_completion_inputs_are_400(http):

@@ -65,7 +65,7 @@ def test_lone_surrogate_is_400(http):
 
 
 def test_more_prompts_than_the_queue_holds_is_400_not_retryable(start_server):
-    url, _ = start_server(num_kv_blocks=64, limits=ServerLimits(max_queue=4))
+    url, _ = start_server(num_kv_blocks=64, limits=ServerLimits(max_queue=8))  # a request may hold half of it
     resp = httpx.post(f"{url}{CMPL}", json={"model": "tiny-test", "prompt": ["a"] * 5, "max_tokens": 1}, timeout=30)
     err = error_of(resp, 400)
     assert err["param"] == "prompt" and "retry-after" not in resp.headers

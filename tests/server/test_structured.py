@@ -170,6 +170,29 @@ def test_tool_grammar_enforces_the_schema(grammars, tok):
         assert not ok(pairs), why
 
 
+def test_required_allows_parallel_calls_a_named_choice_exactly_one(grammars, tok):
+    two = glm_call("now", []) * 2
+    clock = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}
+    required = request_grammar(request(tools=[clock], tool_choice="required"), tok, thinking=False)
+    named = request_grammar(request(tools=[clock], tool_choice={"type": "function", "function": {"name": "now"}}),
+                            tok, thinking=False)
+    assert accepts(grammars, tok, required, two) and accepts(grammars, tok, named, glm_call("now", []))
+    assert not accepts(grammars, tok, named, two)
+
+
+def test_thinking_modes_in_the_grammar(grammars, tok):
+    """open: reasoning, </think>, the answer; optional (the model may open it): with or without a block."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object", "properties": {
+        "n": {"type": "integer", "maximum": 9}}, "required": ["n"]}}}
+    grammar = {mode: request_grammar(request(response_format=fmt), tok, thinking=mode)
+               for mode in ("open", "optional", "off")}
+    cases = {"plan</think>{\"n\":1}": {"open"}, '{"n":1}': {"optional", "off"},
+             '\n<think>plan</think>{"n":1}': {"optional"}, '<think>plan</think>{"n":1}': {"optional"}}
+    for text, modes in cases.items():
+        for mode, g in grammar.items():
+            assert accepts(grammars, tok, g, text) == (mode in modes), (text, mode)
+
+
 def test_json_layout_compact_by_default_flexible_on_request(grammars, tok):
     rf = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}
     spaced, tight = '{"name": "Paris", "country": "FR"}', '{"name":"Paris","country":"FR"}'

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from openglm.util.git import git, init_repo, unified_diff
+
+sys.path.insert(0, os.path.dirname(__file__))  # bugsinpy_fixture.py (tests use --import-mode=importlib)
 
 
 def write_files(root: Path, files: dict[str, str]) -> None:
@@ -162,3 +166,11 @@ def commit_all():
         return git(root, "rev-parse", "HEAD").strip()
 
     return commit
+
+
+@pytest.fixture(scope="session")
+def bugsinpy_fixture(tmp_path_factory):
+    """(BugsInPy checkout, repos folder) of the fixture project with a real-shaped history (bugsinpy_fixture.py)."""
+    from bugsinpy_fixture import make_fixture
+
+    return make_fixture(tmp_path_factory.mktemp("bugsinpy"))

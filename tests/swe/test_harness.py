@@ -1,6 +1,7 @@
 """The SWE-bench-format harness on three hand-written instances: gold resolves all, empty none,
-a corrupt patch is unresolved (not a crash), an unparsable log is an infrastructure error,
-a rerun resumes, and the reports have SWE-bench's layout."""
+a corrupt patch is unresolved (not a crash), a runner that crashes fails the instance with its log
+kept, an environment that does not build is an error reported apart, only test modules run, a rerun
+resumes, and the reports have SWE-bench's layout."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 
 from openglm.swe.harness import HarnessConfig, run_evaluation
 from openglm.swe.harness.instances import load_instances, load_predictions
+from openglm.swe.harness import run as harness_run
 
 
 def _config(tmp_path, repos, run_id):
@@ -30,22 +32,39 @@ def test_gold_resolves_all_and_empty_none(tmp_path, hand_instances):
     assert run_report["schema_version"] == 2 and len(run_report["resolved_ids"]) == 3
 
 
-def test_corrupt_patch_is_unresolved_and_bad_log_is_an_error(tmp_path, hand_instances):
+def test_corrupt_patch_crashed_runner_and_broken_environment(tmp_path, hand_instances):
     repos, instances = hand_instances
     calc = instances[0]
     corrupt = calc["patch"].replace("-    return price * rate", "-    return price ** rate")
-    bad_log = dict(instances[1], instance_id="unparsable", test_cmd="echo no test results here")
-    preds = {calc["instance_id"]: {"instance_id": calc["instance_id"], "model_name_or_path": "m",
-                                   "model_patch": corrupt},
-             "unparsable": {"instance_id": "unparsable", "model_name_or_path": "m",
-                            "model_patch": instances[1]["patch"]}}
-    report = run_evaluation([calc, bad_log], preds, _config(tmp_path, repos, "c"))
-    assert report["unresolved_ids"] == [calc["instance_id"]]
-    assert report["error_ids"] == ["unparsable"]
+    # a runner that reports no test (as pytest's INTERNALERROR): the instance failed, its log is kept
+    crashed = dict(instances[1], instance_id="crashed", test_cmd="echo 'INTERNALERROR> boom'; exit 3")
+    # an environment that does not build: an error, reported apart from what the patch did
+    broken = dict(instances[2], instance_id="broken-env", openglm_env={"install_cmd": "echo no setup.py; exit 2"})
+    preds = {i["instance_id"]: {"instance_id": i["instance_id"], "model_name_or_path": "m", "model_patch": p}
+             for i, p in [(calc, corrupt), (crashed, instances[1]["patch"]), (broken, instances[2]["patch"])]}
+    report = run_evaluation([calc, crashed, broken], preds, _config(tmp_path, repos, "c"))
+    assert report["unresolved_ids"] == [calc["instance_id"], "crashed"]
+    assert report["error_ids"] == report["env_error_ids"] == ["broken-env"]
     log_dir = tmp_path / "out/logs/run_evaluation/c/m"
     rep = json.loads((log_dir / calc["instance_id"] / "report.json").read_text())[calc["instance_id"]]
     assert rep["patch_successfully_applied"] is False and rep["resolved"] is False
     assert "Patch Apply Failed" in (log_dir / calc["instance_id"] / "run_instance.log").read_text()
+    rep = json.loads((log_dir / "crashed" / "report.json").read_text())["crashed"]
+    assert rep["tests_status"]["FAIL_TO_PASS"]["failure"] == instances[1]["FAIL_TO_PASS"]
+    assert "INTERNALERROR> boom" in (log_dir / "crashed" / "test_output.txt").read_text()
+    assert "no per-test result" in (log_dir / "crashed" / "run_instance.log").read_text()
+    assert "no setup.py" in (log_dir / "broken-env" / "run_instance.log").read_text()
+
+
+def test_only_test_modules_of_the_test_patch_run(tmp_path, hand_instances):
+    _, instances = hand_instances
+    data = ("diff --git a/tests/data/case.py b/tests/data/case.py\n--- /dev/null\n+++ b/tests/data/case.py\n"
+            "@@ -0,0 +1 @@\n+x = (1,\n")
+    inst = dict(instances[1], test_patch=instances[1]["test_patch"] + data)
+    assert harness_run.test_files(inst) == ["tests/test_slug.py", "tests/test_words.py"]  # data is not a module
+    (tmp_path / "tox.ini").write_text("[pytest]\npython_files = check_*.py\n")
+    assert harness_run.test_files(dict(inst, FAIL_TO_PASS=[], PASS_TO_PASS=[]), tmp_path) == []  # its naming
+    assert "--continue-on-collection-errors" in harness_run.test_command(inst)
 
 
 def test_rerun_skips_finished_instances(tmp_path, hand_instances):

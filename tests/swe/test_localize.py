@@ -7,9 +7,9 @@ import pytest
 
 from openglm.retrieval.spans import FunctionIndex
 from openglm.swe.localize import localize
-from openglm.swe.localize.sbfl import ochiai
+from openglm.swe.localize.sbfl import SEGMENT_WEIGHT, ochiai
 from openglm.swe.localize.text import text_scores, tokens
-from openglm.swe.localize.traceback import parse_frames, traceback_scores
+from openglm.swe.localize.traceback import import_scores, missing_names, parse_frames, traceback_scores
 
 FILES = {
     "shop/__init__.py": "",
@@ -71,14 +71,15 @@ def test_combined_ranks_the_buggy_function_and_line(shop):
     assert combined["functions"][0]["location"] == "shop/prices.py::apply_discount"
     top5 = [x["location"] for x in combined["lines"][:5]]
     assert "shop/prices.py:13" in top5  # `return cents + off`
-    assert set(result["techniques"]) == {"sbfl", "traceback", "text"}
+    assert set(result["techniques"]) == {"sbfl", "traceback", "text", "tests"}
 
 
 def test_sbfl_scores_lines_only_failing_tests_run(shop):
     result = localize(shop, FAILING)  # no issue text: SBFL + the failure's traceback only
     sbfl = {x["location"]: x["score"] for x in result["techniques"]["sbfl"]["lines"]}
-    # line 13 runs in 1 failing + 1 passing test -> 1/sqrt(2); test_total's lines never fail
-    assert sbfl["shop/prices.py:13"] == pytest.approx(ochiai(1, 1, 1), abs=1e-4)
+    # line 13 runs in 1 failing + 1 passing test -> 1/sqrt(2), per test and per assertion segment (each
+    # test has one assertion: its only segment); test_total's lines never fail
+    assert sbfl["shop/prices.py:13"] == pytest.approx((1 + SEGMENT_WEIGHT) * ochiai(1, 1, 1), abs=1e-4)
     assert "shop/prices.py:6" not in sbfl and "shop/units.py:2" not in sbfl
     assert ochiai(2, 0, 2) == 1.0 and ochiai(0, 3, 2) == 0.0
 
@@ -101,3 +102,77 @@ def test_text_similarity_splits_identifiers(shop):
     assert {"apply", "discount"} <= set(tokens("applyDiscount apply_discount"))
     scores = text_scores(FunctionIndex(shop), "the from_cents conversion is wrong")
     assert max(scores["functions"], key=scores["functions"].get) == "shop/units.py::from_cents"
+
+
+PAD_FILES = {
+    "fmt/__init__.py": "",
+    "fmt/num.py": """
+        def thousands(n):
+            if n >= 1000:
+                return thousands(n // 1000) + "," + pad(n % 1000)
+            return str(n)
+
+        def pad(r):
+            if r < 10:
+                return "0" + str(r)
+            if r < 100:
+                return "0" + str(r)
+            return str(r)
+        """,
+    "tests/test_num.py": """
+        import unittest
+
+        from fmt.num import thousands
+
+        def test_thousands():
+            assert thousands(5) == "5"
+            assert thousands(1234) == "1,234"
+            assert thousands(1050) == "1,050"
+            assert thousands(1005) == "1,005"
+
+        class ThousandsTest(unittest.TestCase):
+            def test_thousands(self):
+                self.assertEqual(thousands(5), "5")
+                self.assertEqual(thousands(1234), "1,234")
+                self.assertEqual(thousands(1050), "1,050")
+                self.assertEqual(thousands(1005), "1,005")
+        """,
+}
+
+
+@pytest.mark.parametrize("test", ["tests/test_num.py::test_thousands",
+                                  "tests/test_num.py::ThousandsTest::test_thousands"])
+def test_what_ran_before_a_passing_assertion_passed(make_repo, test):
+    """One failing test, so every line it runs has Ochiai 1 per test; the assertions that passed before
+    the failing one (plain `assert` and unittest's assertEqual) make the earlier calls passing
+    executions: only the branch the failing call alone took keeps a perfect score."""
+    repo = make_repo("fmt", PAD_FILES)[0]
+    result = localize(repo, [test])
+    sbfl = {x["location"]: x["score"] for x in result["techniques"]["sbfl"]["lines"]}
+    bug = "fmt/num.py:8"  # `return "0" + str(r)` under `if r < 10`
+    assert sbfl[bug] == pytest.approx(1 + SEGMENT_WEIGHT, abs=1e-4)
+    assert all(s < sbfl[bug] for loc, s in sbfl.items() if loc != bug)
+    assert result["combined"]["lines"][0]["location"] == bug
+
+
+
+def test_missing_names_point_at_their_module_or_class(make_repo):
+    repo = make_repo("money", {"money/__init__.py": "", "money/core.py": """
+        class Money:
+            def to_cents(self):
+                return 1
+
+        class Rate:
+            def from_cents(self):
+                return 2
+        """})[0]
+    index = FunctionIndex(repo)
+    text = ("E   ImportError: cannot import name 'parse_money' from 'money.core' (money/core.py)\n"
+            "E   AttributeError: 'Money' object has no attribute 'from_cents'\n")
+    assert missing_names(index, text) == [("money/core.py", "parse_money", ""),
+                                          ("money/core.py", "from_cents", "Money")]
+    fns = import_scores(index, [text], "<module>")["functions"]
+    assert fns["money/core.py::<module>"] == 1.0  # a missing import is usually module-level code
+    # the class that lacks the method, by the words its methods share with it; not another class's
+    assert fns["money/core.py::Money.to_cents"] > 0
+    assert "money/core.py::Rate.from_cents" not in fns

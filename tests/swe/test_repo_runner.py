@@ -59,3 +59,11 @@ def test_policy_suite_check_uses_the_repository_runner(tmp_path):
     data = json.loads(proc.stdout.strip().splitlines()[-1][len(MARKER):])
     assert data["runner"] == "unittest" and not data["ok"] and len(data["failed"]) == 2
 
+
+
+def test_unittest_suites_outside_packages_run_under_pytest(tmp_path):
+    repo = _repo(tmp_path)
+    (repo / "tests" / "__init__.py").unlink()  # `unittest discover` would find nothing
+    assert repo_runner(repo) == "pytest"
+    failed = run_tests(repo, []).failed
+    assert failed == ["tests/test_calc.py::TestCalc::test_add", "tests/test_calc.py::TestCalc::test_neg"]

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 import torch
@@ -173,3 +174,38 @@ def test_progress_bar_shows_the_lm_loss_and_mtp_apart(tiny_cfg, capsys):
     lm, mtp = trainer.tracker.rows[-1][0], trainer.tracker.rows[-1][5]
     assert f"loss={lm:.3f}" in last and f"mtp={mtp:.3f}" in last, last
     assert res.losses[2] > lm + 0.2 * mtp  # the total (LM + 0.3 MTP + aux) the bar used to show
+
+
+def test_checkpoint_config_names_the_tokenizers_special_tokens(tiny_cfg, tmp_path):
+    """config.json used to keep the preset's ids (eos 2 = [gMASK] in the run's own tokenizer), so vLLM or
+    transformers' generate, which stop at config.json's eos, never stopped; `openglm doctor` flagged the demo's."""
+    from openglm.doctor.checkpoint import check_checkpoint
+    from openglm.tokenizer import Tokenizer
+
+    result = train(tiny_cfg(max_steps=2, save_every=2))
+    config = json.loads((result.checkpoint / "config.json").read_text())
+    tok = Tokenizer.from_checkpoint(result.checkpoint)
+    assert config["eos_token_id"] == tok.eos_id and config["pad_token_id"] == tok.pad_id
+    assert config["bos_token_id"] == tok.bos_ids[-1]
+    assert {c.id: c.level for c in check_checkpoint(result.checkpoint)[0]}["checkpoint.eos"] == "ok"
+    # a run saved with the preset's ids still resumes (the ids describe the tokenizer, not the weights)
+    saved = json.loads((result.checkpoint / "config.json").read_text())
+    (result.checkpoint / "config.json").write_text(json.dumps({**saved, "eos_token_id": 2, "bos_token_id": 1}))
+    assert train(tiny_cfg(max_steps=4, save_every=2), resume=True).step == 4
+
+
+def test_checkpoints_follow_the_umask_and_hold_the_template(tiny_cfg):
+    """A checkpoint is read by other users (a container's UID, a serving engine): the writer's private temp modes
+    (0700 folder, 0600 files) used to be kept by the atomic renames."""
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        result = train(tiny_cfg(max_steps=2, save_every=2))
+    finally:
+        os.umask(old)
+    ckpt = result.checkpoint
+    assert (ckpt / "chat_template.jinja").is_file() and (ckpt / "tokenizer.json").is_file()
+    assert {stat.S_IMODE(p.stat().st_mode) for p in ckpt.iterdir()} == {0o644}
+    assert stat.S_IMODE(ckpt.stat().st_mode) == 0o755
+    assert stat.S_IMODE((ckpt.parent / "latest").stat().st_mode) == 0o644

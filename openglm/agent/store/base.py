@@ -86,7 +86,8 @@ class Store:
     def get_task(self, task_id: str) -> Task:
         raise NotImplementedError
 
-    def list_tasks(self, limit: int = 100) -> list[Task]:
+    def list_tasks(self, limit: int = 100, offset: int = 0) -> list[Task]:
+        """The newest tasks first, skipping the first `offset`."""
         raise NotImplementedError
 
     def update_task(self, task_id: str, fields: dict, *, worker: str | None = None,

@@ -140,8 +140,8 @@ class RedisStore(Store):
         return Task.from_dict({k: json.loads(v) for k, v in raw.items()})
 
     @_guarded
-    def list_tasks(self, limit: int = 100) -> list[Task]:
-        ids = self.r.zrevrange(f"{self.p}tasks", 0, limit - 1)
+    def list_tasks(self, limit: int = 100, offset: int = 0) -> list[Task]:
+        ids = self.r.zrevrange(f"{self.p}tasks", offset, offset + limit - 1)
         pipe = self.r.pipeline(transaction=False)
         for i in ids:
             pipe.hgetall(self._tkey(i))

@@ -7,6 +7,12 @@ Faults: every sqlite3 operational error (disk full, I/O error, a corrupt page, l
 busy timeout) surfaces as `StoreUnavailable` with nothing written, so the worker backs off and
 retries. The file is integrity-checked (`PRAGMA quick_check`) when opened; a corrupt one is refused
 with `StoreCorrupt` naming the recovery commands. `backup`/`restore` use SQLite's online backup API.
+
+The store is watched: every commit (and `check`, which /health calls) first makes sure the path still
+names the file that was opened (same device and inode). A database deleted or replaced under a running
+server would otherwise take every later write with it (they would go to an unlinked file); instead the
+store is `lost` from then on: every call raises StoreUnavailable("lost", why), so workers stop their
+runs with nothing more committed and /health answers 503 with `store: lost (...)`.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -63,6 +70,7 @@ class SQLiteStore(Store):
         if os.path.dirname(path):
             os.makedirs(os.path.dirname(path), exist_ok=True)
         self._lock = threading.Lock()  # the heartbeat thread shares this connection
+        self.lost: str | None = None  # why the store stopped (its file was deleted or replaced)
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -74,13 +82,34 @@ class SQLiteStore(Store):
         if problems != ["ok"]:
             self._db.close()
             raise StoreCorrupt(f"the task store {path} is corrupt ({problems[0]}): {recovery_hint(path)}")
+        self._file = self._identity()
         with self._tx() as db:
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 db.execute(statement)
 
+    def _identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def _watch(self) -> None:
+        """StoreUnavailable("lost") once the path no longer names the file this store opened."""
+        if self.lost is None:
+            now = self._identity()
+            if now == self._file:
+                return
+            self.lost = (f"the database file {self.path} was {'deleted' if now is None else 'replaced'} while the "
+                         "server ran; nothing more is written to it (restart to open what is there now, or restore "
+                         "a backup)")
+            print(f"openglm: store: lost ({self.lost})", file=sys.stderr, flush=True)
+        raise StoreUnavailable("lost", self.lost)
+
     @contextmanager
     def _tx(self):
         with self._lock, _unavailable_on_sqlite_errors():
+            self._watch()
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
@@ -90,8 +119,9 @@ class SQLiteStore(Store):
                 raise
             crashpoint("store_before_commit")  # the kill test kills here too
             try:
+                self._watch()  # the file may have gone while the transaction was being built
                 self._db.execute("COMMIT")
-            except sqlite3.Error:
+            except (sqlite3.Error, StoreUnavailable):
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise
@@ -99,6 +129,7 @@ class SQLiteStore(Store):
     @contextmanager
     def _read(self):
         with self._lock, _unavailable_on_sqlite_errors():
+            self._watch()  # a lost store's answers would be stale: refuse them too
             yield self._db
 
     def backup(self, dest: str) -> None:
@@ -161,9 +192,10 @@ class SQLiteStore(Store):
         with self._read() as db:
             return self._load(db, task_id)
 
-    def list_tasks(self, limit: int = 100) -> list[Task]:
+    def list_tasks(self, limit: int = 100, offset: int = 0) -> list[Task]:
         with self._read():
-            rows = self._db.execute("SELECT body FROM tasks ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
+            rows = self._db.execute("SELECT body FROM tasks ORDER BY created_at DESC LIMIT ? OFFSET ?",
+                                    (limit, offset)).fetchall()
         return [Task.from_dict(json.loads(r[0])) for r in rows]
 
     def _apply(self, db, task_id, fields, worker, expect_state) -> Task:

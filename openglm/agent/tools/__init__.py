@@ -8,16 +8,19 @@ are Environments around that.
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from openglm.agent.tools import files
 from openglm.agent.tools.files import PathEscape, ToolError
-from openglm.agent.tools.limits import ResourceLimiter
 from openglm.agent.tools.search import search
 from openglm.agent.tools.shell import run_shell
+from openglm.util.sandbox import Sandbox, SandboxUnavailable
 
 CONTROL_TOOLS = {"ask_user", "submit", "_no_action"}  # answered by the step loop itself, never run
+FILE_TOOL_TIMEOUT_S = 60.0  # a file tool still busy after this (a hung filesystem) is abandoned
 
 
 def _spec(name, description, **params):
@@ -57,13 +60,21 @@ class Environment(Protocol):
 
 @dataclass
 class ToolBox:
+    """The workspace's tools. `sandbox`: the task's (openglm.util.sandbox); None: every command gets a
+    fresh sandbox with the default settings."""
+
     workspace: str
-    limiter: ResourceLimiter = field(default_factory=lambda: ResourceLimiter(None))
+    sandbox: Sandbox | None = None
     command_timeout: float = 600.0
     max_output: int = 20000
+    file_tool_timeout: float = FILE_TOOL_TIMEOUT_S
 
     def specs(self) -> list[dict]:
         return TOOL_SPECS
+
+    def describe(self) -> dict:
+        """How commands are confined (the run_started event records it)."""
+        return self.sandbox.describe() if self.sandbox is not None else {"sandbox": "default, one per command"}
 
     def call(self, name: str, args: dict, timeout: float | None = None, should_stop=lambda: False,
              pidfile=None, output_file=None) -> ToolResult:
@@ -73,32 +84,61 @@ class ToolBox:
                 raise ToolError(f"arguments must be an object, got {args!r}")
             if name == "bash":
                 budget = min(self.command_timeout, timeout) if timeout is not None else self.command_timeout
-                r = run_shell(args["command"], self.workspace, max(budget, 0.01), self.limiter, self.max_output,
+                r = run_shell(args["command"], self.workspace, max(budget, 0.01), self.sandbox, self.max_output,
                               should_stop, pidfile, output_file)
                 return ToolResult(r.render(), ok=r.exit_code == 0,
                                   meta={"exit_code": r.exit_code, "killed": r.killed,
-                                        "duration_s": round(r.duration_s, 4)})
-            if name == "view":
-                return ToolResult(files.view(self.workspace, args.get("path", "."), args.get("start"), args.get("end"),
-                                             self.max_output))
-            if name == "create":
-                return ToolResult(files.create(self.workspace, args["path"], args["content"],
-                                               bool(args.get("overwrite", False))))
-            if name == "edit":
-                return ToolResult(files.edit(self.workspace, args["path"], args["old"], args["new"]))
-            if name == "search":
-                return ToolResult(search(self.workspace, args["pattern"], args.get("path", "."), args.get("glob"),
-                                         self.max_output))
+                                        "duration_s": round(r.duration_s, 4),
+                                        **({"oom_kills": r.oom_kills} if r.oom_kills else {})})
+            if name in ("view", "create", "edit", "search"):
+                return self._bounded(name, lambda: ToolResult(self._file_tool(name, args)), should_stop)
             raise ToolError(f"unknown tool {name!r} (known: bash, view, create, edit, search, ask_user, submit)")
         except KeyError as e:
             return ToolResult(f"error: missing argument {e} for tool {name}", ok=False)
         except ToolError as e:
             return ToolResult(f"error: {e}", ok=False, meta={"refused": isinstance(e, PathEscape)})
+        except SandboxUnavailable as e:
+            return ToolResult(f"error: {e}", ok=False, meta={"refused": True, "sandbox": "unavailable"})
         except (OSError, UnicodeDecodeError) as e:
             if getattr(e, "errno", None) == 28:  # ENOSPC: let the runtime pause the task
                 raise
             return ToolResult(f"error: {e}", ok=False)
 
+    def _file_tool(self, name: str, args: dict) -> str:
+        if name == "view":
+            return files.view(self.workspace, args.get("path", "."), args.get("start"), args.get("end"),
+                              self.max_output)
+        if name == "create":
+            return files.create(self.workspace, args["path"], args["content"], bool(args.get("overwrite", False)))
+        if name == "edit":
+            return files.edit(self.workspace, args["path"], args["old"], args["new"])
+        return search(self.workspace, args["pattern"], args.get("path", "."), args.get("glob"), self.max_output)
 
-__all__ = ["CONTROL_TOOLS", "Environment", "PathEscape", "ResourceLimiter", "ToolBox", "ToolError", "ToolResult",
+    def _bounded(self, name: str, run, should_stop) -> ToolResult:
+        """`run()` in a thread of its own, given up on at a cancel or after `file_tool_timeout`: a read the
+        kernel never answers (a hung mount) then holds that thread, not the task."""
+        box: dict = {}
+
+        def target():
+            try:
+                box["result"] = run()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread, which sorts it
+                box["error"] = e
+
+        thread = threading.Thread(target=target, daemon=True, name=f"tool-{name}")
+        thread.start()
+        deadline = time.monotonic() + self.file_tool_timeout
+        while thread.is_alive():
+            thread.join(0.05)
+            if thread.is_alive() and should_stop():
+                return ToolResult(f"error: {name} was cancelled", ok=False, meta={"killed": "cancelled"})
+            if thread.is_alive() and time.monotonic() > deadline:
+                return ToolResult(f"error: {name} did not finish within {self.file_tool_timeout:g} s; abandoned",
+                                  ok=False, meta={"killed": "timeout"})
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+
+__all__ = ["CONTROL_TOOLS", "Environment", "PathEscape", "Sandbox", "ToolBox", "ToolError", "ToolResult",
            "TOOL_SPECS"]

@@ -1,6 +1,6 @@
-"""The shell tool: one bash command in the workspace, in its own process group, under the
-confinement launcher (`openglm/agent/confine.py`: a cgroup v2 or a subreaper, so `setsid`
-children and double forks die with the step, and everything dies with a killed worker).
+"""The shell tool: one bash command in the workspace, in the task's sandbox (`openglm.util.sandbox`:
+bubblewrap, its own pid namespace, so `setsid` children and double forks die with the step, and
+everything dies with a killed worker), in its own process group.
 
 Per-command timeout, output truncated to head + tail, the whole tree killed on timeout / cancel /
 memory watchdog and when the command exits, and an environment scrubbed of secrets.
@@ -10,31 +10,19 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 
-from openglm.agent import confine
-from openglm.agent.process import pid_record, remove_pidfile
-from openglm.agent.tools.limits import ResourceLimiter
+from openglm.agent.process import pid_record, record_init, remove_pidfile
 from openglm.util import proc as procs
+from openglm.util.sandbox import Sandbox, SandboxConfig, kill_namespace, namespace_init
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE", re.I)
-_SECRET_PREFIXES = ("AWS_", "AZURE_", "GCP_", "GOOGLE_", "OPENAI_", "ANTHROPIC_", "HF_", "HUGGING", "GITHUB_",
-                    "OPENGLM_")
-
-
-def scrubbed_env(extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not _SECRET.search(k) and not k.startswith(_SECRET_PREFIXES)}
-    env.update({"PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb"})
-    env.update(extra or {})
-    return env
+SHELL_ENV = {"PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb"}  # nothing waits for a terminal
 
 
 def truncate(text: str, limit: int) -> str:
@@ -51,6 +39,7 @@ class ShellResult:
     timed_out: bool = False
     killed: str = ""  # why the group was killed ("timeout", "cancelled", "memory"), if it was
     duration_s: float = 0.0
+    oom_kills: int = 0  # processes the kernel killed for the task's memory limit during the command
 
     def render(self) -> str:
         status = f"exit code {self.exit_code}" if not self.killed else f"killed ({self.killed})"
@@ -103,22 +92,35 @@ def _reader(stream, buf: list, cap: int, live=None):
     buf[:] = [bytes(head), bytes(tail), total]
 
 
-def run_shell(command: str, cwd: str, timeout: float = 600.0, limiter: ResourceLimiter | None = None,
+def run_shell(command: str, cwd: str, timeout: float = 600.0, sandbox: Sandbox | None = None,
               max_output: int = 20000, should_stop=lambda: False, pidfile=None, output_file=None) -> ShellResult:
-    """`pidfile` (optional) holds the command's process-group id while it runs, so a worker that
-    resumes after a SIGKILL can kill a command its dead predecessor left running. `output_file`
-    (optional) receives the output as it arrives (a fresh file per command)."""
-    limiter = limiter or ResourceLimiter(None)
+    """`sandbox`: the task's (default: a fresh one with the default config, for `cwd`); SandboxUnavailable
+    when it cannot be set up. `pidfile` (optional) holds the command's process-group id while it runs,
+    so a worker that resumes after a SIGKILL can kill a command its dead predecessor left running.
+    `output_file` (optional) receives the output as it arrives (a fresh file per command)."""
+    if sandbox is None:
+        sandbox = Sandbox(SandboxConfig(), cwd)
+        try:
+            return run_shell(command, cwd, timeout, sandbox, max_output, should_stop, pidfile, output_file)
+        finally:
+            sandbox.close()
     start = time.monotonic()
+    sandbox.check()  # refused here, before anything starts
     live = LiveOutput(output_file, command) if output_file else None  # before the command: nothing to orphan
-    launcher = [sys.executable, "-I", "-S", confine.__file__, str(os.getpid()), "--", "bash", "-c", command]
-    proc = procs.spawn(launcher, cwd=cwd, env=scrubbed_env(), stdin=procs.DEVNULL, stdout=procs.PIPE,
-                       stderr=procs.STDOUT, preexec_fn=_preexec(os.getpid(), pidfile, limiter))
+    ooms = sandbox.oom_kills()
+    proc = procs.spawn(["bash", "-c", command], cwd=cwd, env=sandbox.env(SHELL_ENV), stdin=procs.DEVNULL,
+                       stdout=procs.PIPE, stderr=procs.STDOUT,
+                       preexec_fn=_preexec(os.getpid(), pidfile, sorted(set(sandbox.cgroups.dirs.values()))),
+                       sandbox=sandbox)
     buf: list = []
     reader = threading.Thread(target=_reader, args=(proc.stdout, buf, max_output, live), daemon=True)
     reader.start()
-    killed, next_mem_check = "", 0.0
+    killed, next_mem_check, init = "", 0.0, None
     while proc.poll() is None:
+        if init is None and sandbox.mode == "bwrap":
+            init = namespace_init(proc.pid)  # bwrap forks it at once
+            if init is not None and pidfile:
+                record_init(pidfile, proc.pid, init, set(sandbox.cgroups.dirs.values()))
         now = time.monotonic()
         if now - start > timeout:
             killed = "timeout"
@@ -126,7 +128,7 @@ def run_shell(command: str, cwd: str, timeout: float = 600.0, limiter: ResourceL
             killed = "cancelled"
         elif now >= next_mem_check:
             next_mem_check = now + 0.5
-            killed = "memory" if limiter.over_memory(proc.pid) else ""
+            killed = "memory" if sandbox.over_memory(proc.pid) else ""
         if killed:
             break
         try:
@@ -134,9 +136,10 @@ def run_shell(command: str, cwd: str, timeout: float = 600.0, limiter: ResourceL
         except subprocess.TimeoutExpired:
             pass
     if killed:
-        procs.stop_group(proc.pid)  # the launcher kills the whole tree (cgroup.kill / as subreaper)
+        sandbox.stop(proc.pid, init)  # returns once every process of the command is gone
     proc.wait()
     procs.kill_group(proc.pid)  # a launcher that died before it could clean up
+    kill_namespace(init)  # bwrap killed from elsewhere (the resource monitor): its namespace may still be dying
     if pidfile:
         remove_pidfile(pidfile)
     reader.join(5)
@@ -146,15 +149,17 @@ def run_shell(command: str, cwd: str, timeout: float = 600.0, limiter: ResourceL
     omitted = total - len(head) - len(tail)
     text = (head + tail).decode("utf-8", "replace") if omitted <= 0 else (
         f"{head.decode('utf-8', 'replace')}\n[... {omitted} bytes omitted ...]\n{tail.decode('utf-8', 'replace')}")
-    if killed == "memory":
-        limit = limiter.resources.memory_bytes
-        text += f"\n[killed: the command's processes exceeded the memory limit of {limit} bytes]"
+    ooms = sandbox.oom_kills() - ooms
+    if killed == "memory" or ooms:
+        text += (f"\n[killed: the command's processes exceeded the memory limit of {sandbox.memory_bytes} bytes"
+                 + (f" ({ooms} killed by the kernel)]" if ooms else "]"))
     return ShellResult(exit_code=None if killed else proc.returncode, output=text, timed_out=killed == "timeout",
-                       killed=killed, duration_s=time.monotonic() - start)
+                       killed=killed, duration_s=time.monotonic() - start, oom_kills=ooms)
 
 
-def _preexec(parent: int, pidfile, limiter: ResourceLimiter):
-    """Runs in the child before exec: die with the worker, and record the group before any user code runs."""
+def _preexec(parent: int, pidfile, cgroups=()):
+    """Runs in the child before exec: die with the worker, and record the group (and the task's cgroups,
+    which it is about to join) before any user code runs."""
 
     def setup():
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -162,9 +167,7 @@ def _preexec(parent: int, pidfile, limiter: ResourceLimiter):
             os._exit(137)
         if pidfile:
             with open(pidfile, "w") as f:
-                f.write(pid_record(os.getpid()))
-        if limiter.mode != "none":
-            limiter.preexec()
+                f.write(pid_record(os.getpid(), cgroups=cgroups))
 
     return setup
 

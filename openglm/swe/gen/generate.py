@@ -102,14 +102,15 @@ class PackageMiner:
         self.harness = HarnessConfig(repos_dir=config.out_dir / "repos", timeout=config.grade_timeout)
         self._clean: dict[tuple[str, ...], dict[str, str] | None] = {}  # test files -> graded status
         self.rejected: dict[str, int] = {}  # why screened mutants were rejected, for the log
-        base = run_pytest(self.repo, list(spec.tests), coverage_source=coverage_roots(spec, self.repo))
-        self.passing = set(base.passed)
-        if not self.passing:
-            raise RuntimeError(f"{spec.slug}: no test passes on the pristine sdist:\n{base.output[-2000:]}")
+        with run_pytest(self.repo, list(spec.tests), coverage_source=coverage_roots(spec, self.repo)) as base:
+            self.passing = set(base.passed)
+            if not self.passing:
+                raise RuntimeError(f"{spec.slug}: no test passes on the pristine sdist:\n{base.output[-2000:]}")
+            covered = per_test_lines(base.coverage_file)
         # (file, line) -> passing tests that execute it
         self.line_tests: dict[tuple[str, int], set[str]] = {}
         index = FunctionIndex(self.repo)
-        for path, by_test in per_test_lines(base.coverage_file).items():
+        for path, by_test in covered.items():
             rel = index.rel(path)
             for test, lines in by_test.items():
                 if test in self.passing:
@@ -169,9 +170,9 @@ class PackageMiner:
                 for _ in range(self.config.grade_runs):
                     box.reset()
                     runs.append(box.run_tests()[0])
-        except Exception:  # unparsable log, timeout...: the harness would not grade it either
+        except Exception:  # a test patch or environment that fails: the harness would not grade it either
             return None
-        return runs[0] if all(r == runs[0] for r in runs) else None
+        return runs[0] if runs[0] and all(r == runs[0] for r in runs) else None  # empty: a crashed run
 
     def clean_status(self, files: tuple[str, ...]) -> dict[str, str] | None:
         """graded_status of the pristine tree (what the gold patch restores) for these test files;

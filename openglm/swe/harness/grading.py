@@ -22,7 +22,7 @@ def instance_report(instance: dict, patch: str | None, applied: bool,
     """The per-instance report.json body, keyed by instance id as SWE-bench writes it."""
     rep = {"patch_is_None": patch is None, "patch_exists": bool(patch),
            "patch_successfully_applied": applied, "resolved": False}
-    if applied and status:
+    if applied and status is not None:  # an empty status (a crashed run): every graded test failed
         ts = tests_status(instance, status)
         rep["tests_status"] = ts
         rep["resolved"] = not ts["FAIL_TO_PASS"]["failure"] and not ts["PASS_TO_PASS"]["failure"]

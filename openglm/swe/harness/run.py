@@ -18,9 +18,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from openglm.swe.harness.env import apply_patch, checkout, make_venv, run_in_venv
+from openglm.swe.harness.env import (EnvBuildError, apply_patch, checkout, dependency_env, first_error, make_venv,
+                                     run_in_venv)
 from openglm.swe.harness.grading import instance_report
 from openglm.swe.logparse import parse_log
+from openglm.swe.testrun import is_test_module
 from openglm.util.files import write_atomic
 from openglm.util.git import git
 
@@ -34,26 +36,52 @@ class HarnessConfig:
     timeout: float = 900  # seconds for the test command of one instance
     install_cmd: str = ""  # e.g. "pip install -e ." (runs inside the instance venv)
     keep_workdirs: bool = False
+    envs_dir: Path = Path(".bench/envs")  # shared dependency environments (instances with requirements)
+    env_timeout: float = 1800  # seconds to build one dependency environment
 
 
-def test_files(instance: dict) -> list[str]:
-    """What to run: files touched by the test patch plus the files named by the graded tests."""
-    files = re.findall(r"^diff --git a/\S+ b/(\S+)", instance.get("test_patch") or "", re.M)
+def test_files(instance: dict, repo: Path | None = None) -> list[str]:
+    """What to run: the test modules the test patch touches (not its data files: `tests/data/x.py`
+    is input, not a test module) plus the files named by the graded tests. Which files are test
+    modules follows the repository's pytest configuration (`repo`, the checkout) when given."""
+    touched = re.findall(r"^diff --git a/\S+ b/(\S+)", instance.get("test_patch") or "", re.M)
+    files = [f for f in touched if f.endswith(".py") and is_test_module(f, repo)]
     for t in instance["FAIL_TO_PASS"] + instance["PASS_TO_PASS"]:
         if "::" in t:
             files.append(t.split("::")[0])
     return sorted(set(files))
 
 
-def pytest_command(files: list[str] | tuple[str, ...]) -> str:
+def pytest_command(files: list[str] | tuple[str, ...], args: list[str] | tuple[str, ...] = ()) -> str:
+    """pytest with both per-test reports: the `-rA` summary and, for pytest < 4.4 that has none,
+    the verbose `file::test PASSED` lines. A module that does not import does not stop the others."""
     targets = " ".join(f"'{f}'" for f in files)
-    return f"python -m pytest -rA -p no:cacheprovider -o addopts= --tb=short {targets}"
+    extra = "".join(f" '{a}'" for a in args)
+    return (f"python -m pytest -rA -v -p no:cacheprovider -o addopts= --tb=short "
+            f"--continue-on-collection-errors{extra} {targets}")
 
 
-def test_command(instance: dict) -> str:
+def test_command(instance: dict, repo: Path | None = None) -> str:
     if instance.get("test_cmd"):  # openglm extension: an explicit command wins
         return instance["test_cmd"]
-    return pytest_command(test_files(instance))
+    args = (instance.get("openglm_env") or {}).get("pytest_args", [])
+    return pytest_command(test_files(instance, repo), args)
+
+
+def instance_venv(instance: dict, repo: Path, venv_dir: Path, config: HarnessConfig, log: list[str]) -> Path:
+    """The instance's venv for the checkout `repo`: over its dependency environment (built if needed),
+    the install commands run inside it; returns its python. Raises EnvBuildError."""
+    env = instance.get("openglm_env") or {}
+    deps = dependency_env(env["requirements"], config.envs_dir, config.env_timeout) if env.get("requirements") else None
+    python = make_venv(venv_dir, repo, instance.get("openglm_pythonpath"), deps,
+                       stdlib_compat=bool(env.get("stdlib_compat")))
+    log.append(f"venv {python} over {deps or 'the harness packages'}")
+    for cmd in filter(None, [env.get("install_cmd"), config.install_cmd]):
+        rc, out, timed_out = run_in_venv(venv_dir, repo, cmd, config.timeout)
+        log.append(f"$ {cmd} -> {rc}\n{out[-4000:]}")
+        if rc != 0:
+            raise EnvBuildError(f"`{cmd}` failed (exit {rc}{', timed out' if timed_out else ''}): {first_error(out)}")
+    return python
 
 
 class Sandbox:
@@ -71,11 +99,8 @@ class Sandbox:
         try:
             t0 = time.time()
             checkout(instance, config.repos_dir, self.repo)
-            python = make_venv(self.venv, self.repo, instance.get("openglm_pythonpath"))
-            self.log.append(f"checkout + venv ({python}) in {time.time() - t0:.1f}s")
-            if config.install_cmd:
-                proc = run_in_venv(self.venv, self.repo, config.install_cmd, config.timeout)
-                self.log.append(f"$ {config.install_cmd} -> {proc.returncode}\n{proc.stdout[-4000:]}")
+            self.python = instance_venv(instance, self.repo, self.venv, config, self.log)
+            self.log.append(f"checkout + environment in {time.time() - t0:.1f}s")
         except BaseException:
             self.close()
             raise
@@ -87,19 +112,23 @@ class Sandbox:
         return applied
 
     def run_tests(self) -> tuple[dict[str, str], str]:
-        """Apply the test patch, run the instance's test command; ({test: status}, output).
-        Raises RuntimeError when the test patch does not apply or the log has no per-test result."""
+        """Apply the test patch, run the instance's test command; ({test: status}, output). A run
+        that crashed, timed out or reported no test gives an empty status (every graded test then
+        fails); raises RuntimeError only when the test patch does not apply."""
         t_applied, tlog = apply_patch(self.repo, self.instance.get("test_patch") or "")
         self.log.append(tlog)
         if not t_applied:
             raise RuntimeError("the instance's test_patch does not apply")
-        cmd = test_command(self.instance)
+        cmd = test_command(self.instance, self.repo)
         self.log.append(f"$ {cmd}")
-        proc = run_in_venv(self.venv, self.repo, cmd, self.config.timeout)
-        status = parse_log(proc.stdout)
+        t0 = time.time()
+        rc, output, timed_out = run_in_venv(self.venv, self.repo, cmd, self.config.timeout)
+        status = parse_log(output)
+        self.log.append(f"exit {rc} in {time.time() - t0:.1f}s, {len(status)} test results"
+                        + (f"; timed out after {self.config.timeout:.0f}s" if timed_out else ""))
         if not status:
-            raise RuntimeError("test log could not be parsed (no per-test results)")
-        return status, proc.stdout
+            self.log.append(">>>>> Tests Errored: the run reported no per-test result (a crash of the runner?)")
+        return status, output
 
     def reset(self) -> None:
         git(self.repo, "checkout", "--quiet", "--force", "--detach", self.instance["base_commit"])
@@ -134,10 +163,14 @@ def run_instance(instance: dict, pred: dict, config: HarnessConfig) -> dict:
                 status, output = box.run_tests()
                 (log_dir / "test_output.txt").write_text(output)
                 report = instance_report(instance, patch, True, status)
+    except EnvBuildError as e:  # the environment, not the patch: an error, apart from patch failures
+        log.append(f">>>>> Environment build failed: {e}")
+        report = instance_report(instance, patch, False, None)
+        report[instance["instance_id"]].update(error=f"environment: {e}", error_kind="environment")
     except Exception as e:  # infrastructure failure: counted as an error, the run goes on
         log.append(f">>>>> Infrastructure failure: {type(e).__name__}: {e}")
         report = instance_report(instance, patch, False, None)
-        report[instance["instance_id"]]["error"] = f"{type(e).__name__}: {e}"
+        report[instance["instance_id"]].update(error=f"{type(e).__name__}: {e}", error_kind="infrastructure")
     (log_dir / "run_instance.log").write_text("\n".join(log) + "\n")
     _write_json(log_dir / "report.json", report)
     return report
@@ -177,6 +210,7 @@ def write_run_report(instances, predictions, reports, config: HarnessConfig) -> 
         "completed_ids": completed, "incomplete_ids": [i for i in ids if i not in completed and i not in errors],
         "empty_patch_ids": empty, "submitted_ids": submitted, "resolved_ids": resolved,
         "unresolved_ids": [i for i in completed if i not in resolved], "error_ids": errors,
+        "env_error_ids": [i for i in errors if reports[i].get("error_kind") == "environment"],
         "schema_version": 2,
     }
     model = _model_dir_name(next(iter(predictions.values()))) if predictions else "none"

@@ -8,6 +8,7 @@ import re
 
 from openglm.retrieval.lexical import bm25_model
 from openglm.retrieval.spans import FunctionIndex, is_test_path
+from openglm.swe.localize.sbfl import function_key
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*")
 _CAMEL = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
@@ -62,4 +63,40 @@ def text_scores(index: FunctionIndex, issue: str, top_functions: int = 20) -> di
             shared = len(qset.intersection(tokens(text)))
             if shared:
                 scores["lines"][f"{rel}:{start + i}"] = shared * scores["functions"][key]
+    return scores
+
+
+def test_source(index: FunctionIndex, nodeid: str) -> str:
+    """The source of a test function named by a pytest node id (`tests/x.py::TestX::test_y[1]`)."""
+    rel, _, rest = nodeid.partition("::")
+    name = rest.split("[", 1)[0].replace("::", ".")
+    lines = index.sources.get(rel, "").splitlines()
+    for fn in index.functions.get(rel, []):
+        if name and (fn.name == name or fn.name.endswith("." + name.rsplit(".", 1)[-1])):
+            return "\n".join(lines[fn.start_line - 1:fn.end_line])
+    return ""
+
+
+def test_text_scores(index: FunctionIndex, failing: list[str], counts: dict[str, dict[int, list[int]]],
+                     failure_texts: list[str]) -> dict[str, dict[str, float]]:
+    """BM25 between what the failing tests say (their names, code and failure messages) and the
+    functions they executed: `test_js_to_json_realworld` meets `js_to_json`."""
+    query = []
+    for test in failing:
+        query += tokens(test.split("::", 1)[-1]) * 2 + tokens(test_source(index, test))
+    for text in failure_texts:
+        query += tokens("\n".join(ln for ln in text.splitlines() if ln.startswith("E ")))
+    scores: dict[str, dict[str, float]] = {"files": {}, "functions": {}, "lines": {}}
+    executed = {function_key(index, rel, line) for rel, lines in counts.items()
+                for line, (ef, *_) in lines.items() if ef}
+    docs = {}
+    for rel, fns in index.functions.items():
+        lines = index.sources[rel].splitlines()
+        for f in fns:
+            if f.key in executed:
+                docs[f.key] = tokens(f.name) * 2 + tokens("\n".join(lines[f.start_line - 1:f.end_line]))
+    scores["functions"] = bm25(query, docs)
+    for key, s in scores["functions"].items():
+        rel = key.split("::", 1)[0]
+        scores["files"][rel] = max(scores["files"].get(rel, 0.0), s)
     return scores

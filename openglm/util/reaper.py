@@ -1,6 +1,7 @@
-"""The confinement launcher: `python -m openglm.agent.confine PARENT_PID -- bash -c COMMAND`.
+"""The reaper launcher: `python -I -S reaper.py PARENT_PID [--no-cgroup] -- bash -c COMMAND`.
 
-Every shell command of a step runs under one of these. The launcher puts itself (and so the whole
+A task's commands run under it when the sandbox is switched off (`--unsafe-no-sandbox`; in the
+sandbox, bubblewrap's pid namespace does this job). The launcher puts itself (and so the whole
 command) in a fresh cgroup v2 when the machine offers one (killing = writing `cgroup.kill`: nothing
 escapes by `setsid` or a double fork), and is a child subreaper either way (PR_SET_CHILD_SUBREAPER:
 orphaned descendants are re-parented to it, not to init, so it can still find and kill them).
@@ -49,6 +50,7 @@ def make_cgroup() -> str | None:
     root = cgroup2_root()
     if root is None:
         return None
+    sweep(root)
     path = os.path.join(root, f"openglm-step-{os.getpid()}-{time.monotonic_ns()}")
     try:
         os.mkdir(path)
@@ -64,6 +66,22 @@ def make_cgroup() -> str | None:
         except OSError:
             pass
         return None
+
+
+def sweep(root: str) -> None:
+    """Remove the (empty) step cgroups of launchers that were SIGKILLed before they could: their pid is in the
+    name, and a cgroup that still holds a process is not removed."""
+    try:
+        names = [n for n in os.listdir(root) if n.startswith("openglm-step-")]
+    except OSError:
+        return
+    for name in names:
+        pid = name.split("-")[2]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                os.rmdir(os.path.join(root, name))
+            except OSError:
+                pass
 
 
 def children(pid: int) -> list[int]:
@@ -137,12 +155,12 @@ def reap(block: bool) -> list[tuple[int, int]]:
 
 
 def main(argv: list[str]) -> int:
-    parent, command = int(argv[0]), argv[argv.index("--") + 1:]
+    parent, options, command = int(argv[0]), argv[1:argv.index("--")], argv[argv.index("--") + 1:]
     _LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1)
     _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:  # the worker died before PDEATHSIG was armed
         return 137
-    cgroup = make_cgroup() if os.environ.get("OPENGLM_CONFINE_CGROUP", "1") != "0" else None  # "0": subreaper only
+    cgroup = None if "--no-cgroup" in options else make_cgroup()  # --no-cgroup: the subreaper alone
 
     def terminate(signum, frame):
         kill_all(cgroup)
