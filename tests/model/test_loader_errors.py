@@ -298,8 +298,8 @@ def test_malformed_int4_checkpoint_is_refused_in_one_line(saved):
 
     int4_bad_scale(saved)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    r = subprocess.run([sys.executable, "-m", "openglm", "generate", str(saved), "--prompt", "x"], capture_output=True,
-                       text=True, timeout=120, env=env)
+    r = subprocess.run([sys.executable, "-m", "openglm", "convert", str(saved), str(saved.parent / "out")],
+                       capture_output=True, text=True, timeout=120, env=env)
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode != 0 and "Traceback" not in r.stderr and len(lines) == 1, r.stderr
     assert "int4 codes (32, 32)" in lines[0] and "do not fit group_size 32" in lines[0]
