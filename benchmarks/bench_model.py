@@ -1,18 +1,20 @@
 """The model against this CPU's limits (and transformers' GlmMoeDsaForCausalLM, same weights), one run.
 
 Presets: `small` (the CPU demo scale) and `medium` (GLM-5's head dimensions, 64 routed experts top-8, ~1.35B
-total / ~0.38B active parameters). Per dtype (fp32, bf16), measured in the same run:
+total / ~0.38B active parameters). Per weight kind (fp32, bf16, and int8 / int4: bf16 activations over weights
+quantised as `--quantization int8|int4` does, read in place by the kernels), measured in the same run:
 - the limits: a dense matmul's FLOP/s (the MFU denominator) and a streaming read's bytes/s (memory bandwidth);
 - prefill (one forward over batch x length random tokens): tokens/s and MFU;
 - decode (one token per step on a cache holding a prompt; batch 1 and, for small, 8): tokens/s, MFU, and the
-  achieved bandwidth: bytes of weights and KV cache a step reads (`step_bytes`) / step time, against the
-  streaming read;
-- the MoE layer's GFLOP/s against a dense SwiGLU MLP with the same active FLOPs (prefill's token count);
+  achieved bandwidth: bytes of weights (as stored: int4 codes and scales for int4) and KV cache a step reads
+  (`step_bytes`) / step time, against the streaming read;
+- the MoE layer's GFLOP/s against a dense SwiGLU MLP with the same active FLOPs (prefill's token count), fp32 and
+  bf16, with the expert path this CPU takes (`model/isa.py`: oneDNN's packed matmuls with AMX, else grouped);
 - which kernels each path ran: the top ops of a profiled forward and the oneDNN primitives it executed.
 Speed-ups against transformers are medians of interleaved runs (a, b, a, b, ...), so both see the same load.
 
     flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_model.py [--preset small|medium] [--quick]
-        [--dtypes float32,bfloat16] [--phases prefill,decode] [--threads 1] [--no-transformers] [--json]
+        [--dtypes float32,bfloat16,int8,int4] [--phases prefill,decode] [--threads 1] [--no-transformers] [--json]
 
 `--preset medium --no-transformers` is the usual medium run (transformers' per-expert loop at that size takes
 minutes per cell; ~11 GB for both fp32 copies).
@@ -33,11 +35,16 @@ from dataclasses import asdict, dataclass
 import torch
 
 from machine import cpu_model, isa, matmul_peak, median_time, memory_bandwidth  # benchmarks/ is on sys.path
+from openglm.engine.quant import quantize_model
 from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig
+from openglm.model.isa import experts_path
 from openglm.model.moe import MLP, MoE
 from openglm.model.glm5.decode_step import DecodePlan
 from openglm.model.native import decode_paths, dsa_kernels
 from openglm.model.params import parameter_report
+from openglm.model.quantized import QuantizedWeight
+
+KINDS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.bfloat16, "int4": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -62,31 +69,45 @@ def flops_per_token(cfg: ModelConfig, context: float) -> float:
     return 2 * matmul + attn
 
 
-def step_bytes(cfg: ModelConfig, batch: int, context: float, elem: int) -> float:
-    """Bytes one decode step of `batch` sequences must read: every weight but the routed experts and the
-    embedding table (one row per token), the routed experts the batch hits (for top-k of E uniformly routed
-    tokens, E(1 - (1 - k/E)^batch) per layer; exact at batch 1), and each sequence's cache: the latent KV the
-    attention reads (at most index_topk positions) and the indexer keys it scans (all positions)."""
-    r = parameter_report(cfg)
-    b = r["breakdown"]
-    dense = r["total_params"] - b["routed_experts"] - b["embeddings"] - b["mtp (next-n)"]
+def stored_bytes(t: torch.Tensor) -> int:
+    return t.nbytes_stored() if isinstance(t, QuantizedWeight) else t.numel() * t.element_size()
+
+
+def step_bytes(model, cfg: ModelConfig, batch: int, context: float, kv_elem: int) -> float:
+    """Bytes one decode step of `batch` sequences must read: every weight (as stored: int8 / int4 values and their
+    scales) but the routed experts, the embedding table (one row per token) and the next-n layers, the routed
+    experts the batch hits (for top-k of E uniformly routed tokens, E(1 - (1 - k/E)^batch) per layer; exact at batch
+    1), and each sequence's cache: the latent KV the attention reads (at most index_topk positions) and the indexer
+    keys it scans (all positions)."""
+    dense = routed = 0
+    weights = dict(model.named_parameters())
+    weights.update((n, b) for n, b in model.named_buffers() if isinstance(b, QuantizedWeight))
+    for name, t in weights.items():
+        if "embed_tokens" in name or "mtp_layers" in name:
+            continue
+        if ".mlp.experts." in name:
+            routed += stored_bytes(t)
+        else:
+            dense += stored_bytes(t)
     E, k = cfg.n_routed_experts, cfg.num_experts_per_tok
-    per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
-    experts = len(cfg.moe_layers) * E * (1 - (1 - k / E) ** batch) * per_expert
+    experts = routed * (1 - (1 - k / E) ** batch)
     indexer_layers = sum(t == "full" for t in cfg.indexer_types)
     kv = (cfg.num_hidden_layers * min(cfg.index_topk, context) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
           + indexer_layers * context * cfg.index_head_dim)
-    return elem * (dense + experts + batch * kv)
+    return dense + experts + batch * kv * kv_elem
 
 
-def random_model(cfg: ModelConfig, dtype) -> GlmMoeDsaForCausalLM:
+def random_model(cfg: ModelConfig, kind: str) -> GlmMoeDsaForCausalLM:
     torch.manual_seed(0)
     model = GlmMoeDsaForCausalLM(cfg).eval()
     with torch.no_grad():  # trained-like spread of weights so routing/top-k are not degenerate
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.05)
-    return model.to(dtype)
+    model = model.to(KINDS[kind])
+    if kind in ("int8", "int4"):
+        quantize_model(model, kind)
+    return model
 
 
 def hf_copy(cfg: ModelConfig, ours: GlmMoeDsaForCausalLM, dtype):
@@ -206,10 +227,11 @@ def _with_onednn_verbose(fn) -> None:
         fn()
 
 
-def measure(cfg: ModelConfig, shapes: Shapes, dtype, args, limits: dict) -> tuple[list, list]:
-    ours = random_model(cfg, dtype)
-    hf = hf_copy(cfg, ours, dtype) if args.transformers else None
-    name, elem = str(dtype).removeprefix("torch."), torch.finfo(dtype).bits // 8
+def measure(cfg: ModelConfig, shapes: Shapes, kind: str, args, limits: dict) -> tuple[list, list]:
+    dtype = KINDS[kind]
+    ours = random_model(cfg, kind)
+    hf = hf_copy(cfg, ours, dtype) if args.transformers and kind == str(dtype).removeprefix("torch.") else None
+    name, elem = kind, torch.finfo(dtype).bits // 8
     torch.manual_seed(1)
     rows, kernels = [], []
     with torch.inference_mode():
@@ -224,7 +246,7 @@ def measure(cfg: ModelConfig, shapes: Shapes, dtype, args, limits: dict) -> tupl
             models = [ours] + ([hf] if hf is not None else [])
             times = medians([decode_runner(m, prompt, shapes.decode_steps, m is hf) for m in models], args.repeats)
             ctx = shapes.decode_prompt + shapes.decode_steps / 2
-            moved = step_bytes(cfg, batch, ctx, elem) * shapes.decode_steps
+            moved = step_bytes(ours, cfg, batch, ctx, elem) * shapes.decode_steps
             rows.append(row(f"decode b{batch}", name, batch * shapes.decode_steps, ctx, times, cfg, limits, moved))
             if batch == shapes.decode_batches[0]:
                 kernels.append((f"decode b{batch}", name, decode_kernels_used(ours, prompt)))
@@ -235,7 +257,7 @@ def row(phase, dtype, tokens, ctx, times, cfg, limits, moved) -> dict:
     t_ours = times[0]
     fpt = flops_per_token(cfg, ctx)
     r = dict(phase=phase, dtype=dtype, openglm_tok_s=tokens / t_ours,
-             openglm_mfu=fpt * tokens / t_ours / limits[f"peak_{dtype}"])
+             openglm_mfu=fpt * tokens / t_ours / limits[f"peak_{str(KINDS[dtype]).removeprefix('torch.')}"])
     if len(times) > 1:
         r.update(transformers_tok_s=tokens / times[1], speedup=times[1] / t_ours)
     if moved is not None:
@@ -260,7 +282,7 @@ def print_tables(cfg_name, cfg, shapes, limits, rows, kernels, moe_rows) -> None
         print(f"{x['phase']:<11}{x['dtype']:<10}{x['openglm_tok_s']:>14,.1f}{100 * x['openglm_mfu']:>6.1f}%{bw}{hf}")
     if moe_rows:
         print(f"\nMoE layer ({shapes.prefill_batch * shapes.prefill_len} tokens) vs a dense SwiGLU MLP of the same "
-              f"active FLOPs")
+              f"active FLOPs; bf16 experts path: {experts_path()}")
         print(f"{'dtype':<10}{'MoE GFLOP/s':>13}{'dense GFLOP/s':>15}{'ratio':>8}")
         for x in moe_rows:
             print(f"{x['dtype']:<10}{x['moe_gflops']:>13,.1f}{x['dense_gflops']:>15,.1f}{x['ratio']:>8.2f}")
@@ -274,7 +296,9 @@ def main() -> int:
     ap.add_argument("--preset", default="small", choices=sorted(SHAPES), help="model preset (default small)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables (default off)")
     ap.add_argument("--quick", action="store_true", help="3 timed repeats per cell instead of 5 (default off)")
-    ap.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated (default float32,bfloat16)")
+    ap.add_argument("--dtypes", default="float32,bfloat16,int8,int4",
+                    help="weight kinds, comma-separated: float32, bfloat16, int8, int4 (int8 / int4: bf16 "
+                         "activations) (default float32,bfloat16,int8,int4)")
     ap.add_argument("--phases", default="prefill,decode", help="prefill and/or decode (default prefill,decode)")
     ap.add_argument("--transformers", action=argparse.BooleanOptionalAction, default=True,
                     help="also time transformers' model on the same weights (default on)")
@@ -287,23 +311,23 @@ def main() -> int:
     args.phases = args.phases.split(",")
     if not args.phases or set(args.phases) - {"prefill", "decode"}:
         ap.error(f"--phases takes prefill and/or decode, got {','.join(args.phases)!r}")
-    dtypes = [getattr(torch, d, None) for d in args.dtypes.split(",")]
-    if not all(isinstance(d, torch.dtype) and d in (torch.float32, torch.bfloat16) for d in dtypes):
-        ap.error(f"--dtypes takes float32 and/or bfloat16, got {args.dtypes!r}")
+    dtypes = args.dtypes.split(",")
+    if not dtypes or set(dtypes) - set(KINDS):
+        ap.error(f"--dtypes takes {', '.join(KINDS)}, got {args.dtypes!r}")
     torch.set_num_threads(args.threads)
     args.repeats = 3 if args.quick else 5
     cfg, shapes = ModelConfig.from_preset(args.preset), SHAPES[args.preset]
     limits = {"bandwidth": memory_bandwidth()}
-    limits.update({f"peak_{str(d).removeprefix('torch.')}": matmul_peak(d) for d in dtypes})
+    limits.update({f"peak_{str(d).removeprefix('torch.')}": matmul_peak(d) for d in dict.fromkeys(KINDS[k]
+                                                                                                    for k in dtypes)})
     rows, kernels, moe_rows = [], [], []
-    for dtype in dtypes:
-        r, k = measure(cfg, shapes, dtype, args, limits)
+    for kind in dtypes:
+        r, k = measure(cfg, shapes, kind, args, limits)
         rows += r
         kernels += k
-        if "prefill" in args.phases:
-            moe, dense = moe_vs_dense(cfg, shapes, dtype, args.repeats)
-            moe_rows.append(dict(dtype=str(dtype).removeprefix("torch."), moe_gflops=moe / 1e9,
-                                 dense_gflops=dense / 1e9, ratio=moe / dense))
+        if "prefill" in args.phases and kind in ("float32", "bfloat16"):
+            moe, dense = moe_vs_dense(cfg, shapes, KINDS[kind], args.repeats)
+            moe_rows.append(dict(dtype=kind, moe_gflops=moe / 1e9, dense_gflops=dense / 1e9, ratio=moe / dense))
     if args.json:
         print(json.dumps({"cpu": cpu_model(), "isa": isa(), "preset": args.preset, "shapes": asdict(shapes),
                           "threads": torch.get_num_threads(), "limits": limits,

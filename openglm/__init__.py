@@ -5,6 +5,11 @@ and the agent runtime start fast.
 """
 
 from openglm.util.lazy import lazy_exports
+from openglm.util.threads import quiet_wait_policy
+
+# Before torch loads libgomp (it reads its wait policy once): on a machine others share, a thread that finishes a
+# parallel region spins briefly, then sleeps, instead of burning the core a competitor needs.
+quiet_wait_policy()
 
 __version__ = "0.1.0"
 

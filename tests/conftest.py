@@ -7,6 +7,8 @@
   PyTorch ops) and need a CUDA device. Without one they are deselected (pytest reports them as deselected,
   never as passed or skipped) unless `-m` names the marker: `pytest -m gpu` on a machine without CUDA runs
   them, and they fail on the missing device. (docs/gpu.md, "Tests")
+- Tests marked `amx` check the Intel AMX paths (`model/isa.py`: a prefill's experts on oneDNN's AMX tiles) and need
+  a CPU with AMX; on other CPUs they are deselected the same way (`pytest -m amx` runs them anyway, and they fail).
 - Tests marked `needs_native` exercise openglm's native CPU kernels (openglm/model/native.py), which need a C
   compiler; without one (or with OPENGLM_NATIVE=0) they are skipped, saying why. `needs_native("vnni")`: also
   the int8 path compiled with AVX512-VNNI (this CPU's).
@@ -29,18 +31,25 @@ if not _cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _amx() -> bool:
+    from openglm.model.isa import cpu_features  # torch's cpuid reading
+
+    return cpu_features().amx
+
+
 def pytest_collection_modifyitems(config, items):
-    _deselect_gpu(config, items)
+    _deselect_without(config, items, "gpu", _cuda)
+    _deselect_without(config, items, "amx", _amx)
     _skip_without_native(items)
 
 
-def _deselect_gpu(config, items) -> None:
-    if _cuda() or "gpu" in (config.getoption("markexpr") or ""):
+def _deselect_without(config, items, marker: str, present) -> None:
+    """Deselect the tests marked `marker` when the hardware it names is absent, unless -m names the marker."""
+    wanted = [item for item in items if item.get_closest_marker(marker)]
+    if not wanted or marker in (config.getoption("markexpr") or "") or present():
         return
-    gpu = [item for item in items if item.get_closest_marker("gpu")]
-    if gpu:
-        config.hook.pytest_deselected(items=gpu)
-        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+    config.hook.pytest_deselected(items=wanted)
+    items[:] = [item for item in items if not item.get_closest_marker(marker)]
 
 
 def _skip_without_native(items) -> None:

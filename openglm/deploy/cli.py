@@ -119,8 +119,9 @@ def register_serve(subparsers):
     p.add_argument("--session-ttl", type=float, default=SessionCache.ttl_s,
                    help="seconds an idle prefix-cache block stays reusable"+D)
     p.add_argument("--no-prefix-caching", action="store_true", help="disable the prefix (session) cache")
-    p.add_argument("--quantization", choices=["none", "int8", "fp8"], default="none",
-                   help="weight-only quantisation (int8 read in place by the decode kernels, fp8 dequantised per op)"+D)
+    p.add_argument("--quantization", choices=["none", "int8", "int4", "fp8"], default="none",
+                   help="weight-only quantisation (int8 and int4 read in place by the CPU kernels, fp8 dequantised "
+                        "per op; an int4 checkpoint from `openglm convert --int4` loads as int4 without it)"+D)
     p.add_argument("--dtype", type=argparse_dtype(), default=None, metavar="DTYPE",
                    help="weight and compute dtype: fp32, bf16 or fp16 (also float32, bfloat16, float16)" + own("dtype"))
     p.add_argument("--tokenizer", default=None, metavar="PATH",

@@ -14,7 +14,7 @@ by `openglm deploy`. `engine_config` is the one place an `EngineConfig` is built
     max_num_seqs: 64
     block_size: 64                        # tokens per KV block
     num_kv_blocks: 2048                   # openglm's pool size (GPU engines size theirs from memory)
-    quantization: fp8                     # none | fp8 | int8 (weight-only)
+    quantization: fp8                     # none | fp8 | int8 | int4 (weight-only)
     dtype: bfloat16                       # or bf16; float32 / fp32, float16 / fp16
     device: cpu                           # cpu | cuda | cuda:N (openglm's engine on one process; docs/gpu.md)
     session_cache: {enabled: true, ttl_s: 600}   # prefix cache across turns, idle blocks kept ttl_s seconds
@@ -126,8 +126,8 @@ class DeployConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise DeployConfigError(f"{name} must be a positive integer (or left out), got {value!r}")
-        if self.quantization not in (None, "none", "fp8", "int8"):
-            raise DeployConfigError(f"quantization must be none, fp8 or int8, got {self.quantization!r}")
+        if self.quantization not in (None, "none", "fp8", "int8", "int4"):
+            raise DeployConfigError(f"quantization must be none, fp8, int8 or int4, got {self.quantization!r}")
         if self.dtype is not None:
             try:
                 object.__setattr__(self, "dtype", dtype_name(self.dtype))  # one name for every spelling (frozen)

@@ -55,9 +55,10 @@ class Plan:
 
 def _checkpoint(cfg: DeployConfig, recipe: GlmRecipe | None, notes: list[str]) -> tuple[str, bool, bool]:
     """(model to serve, quantise online, weights are FP8)."""
-    if cfg.quantization == "int8":
-        raise HandoffError("quantization int8 (weight-only, per channel) has no vLLM or SGLang equivalent for an "
-                           "unquantised checkpoint; use fp8, or an int8 checkpoint (e.g. compressed-tensors)")
+    if cfg.quantization in ("int8", "int4"):
+        raise HandoffError(f"quantization {cfg.quantization} (weight-only, openglm's CPU kernels) has no vLLM or "
+                           "SGLang equivalent for an unquantised checkpoint; use fp8, or a checkpoint quantised for it "
+                           "(e.g. compressed-tensors)")
     local_fp8 = checkpoint_quantization(cfg.model) == "fp8" if Path(cfg.model).is_dir() else False
     published_fp8 = recipe is not None and cfg.model.lower() == (recipe.fp8_repo or "").lower()
     if local_fp8 or published_fp8:

@@ -20,7 +20,7 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + output; defaults to the model's max_position_embeddings
     enable_prefix_caching: bool = True  # content-hashed full blocks shared across requests (session cache)
     session_ttl: float = 600.0  # seconds an idle cached block may stay reusable; <= 0 disables expiry
-    quantization: str | None = None  # None, "int8" or "fp8"
+    quantization: str | None = None  # None, "int8", "int4" (weight-only, read in place by the CPU kernels) or "fp8"
     dtype: str = "float32"
     seed: int = 0
     num_speculative_tokens: int = 0  # MTP drafts verified per decode step (0: off); needs a next-n layer
@@ -34,8 +34,8 @@ class EngineConfig:
         if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 0:
             raise ValueError(f"EngineConfig.num_speculative_tokens must be an integer >= 0, got "
                              f"{self.num_speculative_tokens!r}")
-        if self.quantization not in (None, "none", "int8", "fp8"):
-            raise ValueError(f"EngineConfig.quantization must be none, int8 or fp8, got {self.quantization!r}")
+        if self.quantization not in (None, "none", "int8", "int4", "fp8"):
+            raise ValueError(f"EngineConfig.quantization must be none, int8, int4 or fp8, got {self.quantization!r}")
         if self.quantization == "none":
             self.quantization = None
         self.dtype = dtype_name(self.dtype, what="EngineConfig.dtype")  # bf16, fp32, fp16 spelled either way

@@ -30,6 +30,7 @@ from openglm.engine.speculative import SpeculativeDecoder
 from openglm.engine.thinking import ThinkingBudget
 from openglm.tokenizer import Tokenizer
 from openglm.model.checkpoint import resolve_checkpoint  # a checkpoint, or a run folder's latest one
+from openglm.util.threads import ThreadGovernor
 
 
 class PromptError(ValueError):
@@ -70,6 +71,8 @@ class LLMEngine:
             self.runner, self.sampler, self.block_manager, config.num_speculative_tokens, self.max_model_len,
             self.counters)
         self._grammar: GrammarEngine | None = None
+        # CPU threads follow the cores other processes leave free (util/threads.py), polled from the thread that steps
+        self.threads = ThreadGovernor.for_torch() if device.type == "cpu" else None
         self.thinking = ThinkingBudget(tokenizer.decode if tokenizer is not None else lambda ids: "")
         self.requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count()
@@ -176,6 +179,8 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
+        if self.threads is not None:
+            self.threads.poll()
         results, failed = self._run_isolated(batch.seqs, batch.num_tokens)
         failed |= self.postprocess(results)
         if self.speculator is not None:

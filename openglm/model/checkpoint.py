@@ -23,7 +23,7 @@ import psutil
 import torch
 from safetensors import SafetensorError, safe_open
 
-from openglm.model import fp8
+from openglm.model import fp8, int4
 from openglm.model.config import FP32_TENSORS, KEEP_FP32, ModelConfig
 from openglm.model.errors import (CheckpointError, CheckpointPathError, CheckpointTooLargeError, ConfigError,
                                   CorruptShardError, MissingShardError, MissingTensorError, NonFiniteTensorError,
@@ -31,6 +31,7 @@ from openglm.model.errors import (CheckpointError, CheckpointPathError, Checkpoi
 from openglm.model.families import family_of
 from openglm.model.hf_names import HFNames, extra_layer, hf_name
 from openglm.model.model import GlmMoeDsaForCausalLM, build_model
+from openglm.model.quantized import QuantizedWeight
 from openglm.model.rope import RotaryEmbedding
 from openglm.model.save import INDEX, SINGLE, save_pretrained  # noqa: F401 - save_pretrained: re-exported
 from openglm.util.dtypes import dtype_name
@@ -63,6 +64,13 @@ class TensorInfo:
         for d in self.shape:
             n *= d
         return n
+
+
+def parse_quantization(qc) -> fp8.Fp8Config | int4.Int4Config | None:
+    """The quantisation of a config.json's quantization_config: FP8 blocks, openglm's int4, or None."""
+    if isinstance(qc, dict) and qc.get("quant_method") == int4.METHOD:
+        return int4.parse(qc)
+    return fp8.parse_quantization_config(qc)
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:
@@ -198,13 +206,21 @@ def read_headers(files: list[Path]) -> dict[str, TensorInfo]:
 
 
 def checkpoint_dtype(tensors: dict[str, TensorInfo], declared: str | None,
-                     quant: fp8.Fp8Config | None) -> torch.dtype:
+                     quant: fp8.Fp8Config | int4.Int4Config | None) -> torch.dtype:
     """The one floating dtype of the checkpoint's weights (TensorDTypeError naming the first tensor that breaks
-    the rules): floating tensors only; FP8 e4m3 only for weights with a block scale in an FP8 checkpoint; every
-    other tensor in the dtype config.json declares (else that of the other tensors), except the tensors the
-    model keeps in fp32, which may be fp32."""
+    the rules): floating tensors only; FP8 e4m3 only for weights with a block scale in an FP8 checkpoint; uint8
+    codes only for weights with their bf16 scales in an int4 checkpoint; every other tensor in the dtype
+    config.json declares (else that of the other tensors), except the tensors the model keeps in fp32, which may
+    be fp32."""
     plain = {}
+    is_int4 = isinstance(quant, int4.Int4Config)
     for name, t in tensors.items():
+        if is_int4 and (t.dtype == "U8" or name.endswith(int4.SCALE_SUFFIX)):
+            codes = name.removesuffix(int4.SCALE_SUFFIX)
+            if codes not in tensors or tensors[codes].dtype != "U8" or codes + int4.SCALE_SUFFIX not in tensors:
+                raise TensorDTypeError(f"tensor {name!r} in {t.file}: an int4 weight is uint8 codes NAME with bf16 "
+                                       f"scales NAME{int4.SCALE_SUFFIX}, and one of the pair is missing")
+            continue
         if name.endswith(fp8.SCALE_SUFFIX):
             base = tensors.get(name.removesuffix(fp8.SCALE_SUFFIX))
             if quant is None or base is None or base.dtype != "F8_E4M3" or t.dtype not in ("F32", "BF16"):
@@ -258,7 +274,7 @@ def out_of_memory(e: BaseException) -> bool:
 def _load(path, dtype, device, max_memory) -> GlmMoeDsaForCausalLM:
     raw = read_config_json(path)
     cfg = read_config(path, raw)
-    quant = fp8.parse_quantization_config(raw.get("quantization_config"))
+    quant = parse_quantization(raw.get("quantization_config"))
     if isinstance(dtype, str):
         try:
             dtype = DTYPES[dtype_name(dtype)]
@@ -288,6 +304,8 @@ def _load(path, dtype, device, max_memory) -> GlmMoeDsaForCausalLM:
                 raise CorruptShardError(f"{f}: cannot open ({e})") from None
             handles.update({k: (h, f) for k in h.keys()})
         model, used = _fill(cfg, path, handles, quant, target, device, names)
+        if isinstance(quant, int4.Int4Config):
+            model._quantization = "int4"
         extra = [k for k in handles if k not in used]
         if extra:
             raise UnexpectedTensorError(f"checkpoint {path} has tensor(s) the config does not use: {extra[:5]}")
@@ -335,11 +353,16 @@ def check_sizes_against_weights(path: Path, cfg: ModelConfig, tensors: dict[str,
 def _fill(cfg, path, handles, quant, target, device, names: HFNames):
     """Build the model on meta and assign every tensor from the checkpoint; returns (model, names used)."""
 
+    is_int4 = isinstance(quant, int4.Int4Config)
+
     def get(k):
         h, f = handles[k]
         try:
             t = h.get_tensor(k)
-            if quant is not None and k + fp8.SCALE_SUFFIX in handles:
+            if is_int4 and k + int4.SCALE_SUFFIX in handles:
+                return int4.weight(k, t, handles[k + int4.SCALE_SUFFIX][0].get_tensor(k + int4.SCALE_SUFFIX), quant,
+                                   target, str(f))
+            if isinstance(quant, fp8.Fp8Config) and k + fp8.SCALE_SUFFIX in handles:
                 scale = handles[k + fp8.SCALE_SUFFIX][0].get_tensor(k + fp8.SCALE_SUFFIX)
                 t = fp8.dequantize(t, scale, quant.block, k)
         except SafetensorError as e:
@@ -350,7 +373,7 @@ def _fill(cfg, path, handles, quant, target, device, names: HFNames):
 
     with torch.device("meta"):
         model = build_model(cfg)
-    state, used = {}, set()
+    state, quantized, used = {}, {}, set()
     for name, p in model.state_dict().items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
@@ -361,7 +384,10 @@ def _fill(cfg, path, handles, quant, target, device, names: HFNames):
             raise MissingTensorError(f"checkpoint {path} lacks tensor {names.disk(e.args[0])!r}") from None
         read = [names.disk(k) for k in read]
         used.update(read)
-        used.update(k + fp8.SCALE_SUFFIX for k in read if k + fp8.SCALE_SUFFIX in handles)
+        used.update(k + s for k in read for s in (fp8.SCALE_SUFFIX, int4.SCALE_SUFFIX) if k + s in handles)
+        if isinstance(t, QuantizedWeight):  # int4, read in place by the kernels: held as it is stored
+            quantized[name] = t
+            continue
         keep_fp32 = name.endswith(KEEP_FP32)
         state[name] = t.to(device=device, dtype=torch.float32 if keep_fp32 else target)
     for k in handles:
@@ -378,6 +404,11 @@ def _fill(cfg, path, handles, quant, target, device, names: HFNames):
             used.update([k, k + fp8.SCALE_SUFFIX])
     if quant is not None and names.kept:  # what the source said of the tensors kept as stored, for an FP8 save
         model.kept_not_convert = [m for m in quant.modules_to_not_convert if names.is_kept(m)]
+    for name, t in quantized.items():  # buffers under the parameters' names, as engine/quant.py holds them
+        module, _, attr = name.rpartition(".")
+        owner = model.get_submodule(module)
+        delattr(owner, attr)
+        owner.register_buffer(attr, t, persistent=False)
     model.load_state_dict(state, strict=not cfg.tie_word_embeddings, assign=True)
     return model, used
 
@@ -385,7 +416,9 @@ def _fill(cfg, path, handles, quant, target, device, names: HFNames):
 def _check_memory(path: Path, tensors: dict[str, TensorInfo], dtype: torch.dtype, max_memory) -> None:
     """Refuse up front (from the headers, before mapping any file) when the weights would not fit."""
     size = torch.empty((), dtype=dtype).element_size()
-    need = sum(t.numel * size for name, t in tensors.items() if not name.endswith(fp8.SCALE_SUFFIX))
+    # int4 codes and their scales are held as stored; every other weight in `dtype`
+    need = sum(t.numel * (_ST_DTYPES[t.dtype][0] if t.dtype == "U8" or name.endswith(int4.SCALE_SUFFIX) else size)
+               for name, t in tensors.items() if not name.endswith(fp8.SCALE_SUFFIX))
     avail = max_memory if max_memory is not None else psutil.virtual_memory().available
     if need > avail:
         raise CheckpointTooLargeError(

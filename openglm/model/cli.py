@@ -28,8 +28,8 @@ def register(subparsers):
                         "default: none")
     p.set_defaults(func=cmd_info)
 
-    c = subparsers.add_parser("convert", help="rewrite a checkpoint: change its dtype, FP8 block-quantise it, or "
-                                              "dequantise an FP8 one")
+    c = subparsers.add_parser("convert", help="rewrite a checkpoint: change its dtype, FP8 block-quantise it, "
+                                              "int4-quantise it, or dequantise a quantised one")
     c.add_argument("source", help="checkpoint directory to read (any format `openglm serve` loads), or a run folder "
                                   "(its latest checkpoint)")
     c.add_argument("dest", help="directory to write (replaced atomically if it exists); the source's tokenizer "
@@ -44,6 +44,11 @@ def register(subparsers):
                    help="write FP8 e4m3 block-quantised weights with *.weight_scale_inv (default: off)")
     c.add_argument("--fp8-block", default="128,128", metavar="ROWS,COLS",
                    help="FP8 block size in weight elements (default: 128,128)")
+    c.add_argument("--int4", action="store_true",
+                   help="write int4 weights (uint8 codes, two a byte, with bf16 *.weight_scale per group; "
+                        "docs/model.md), which the CPU kernels read in place (default: off)")
+    c.add_argument("--int4-group", type=int, default=32, choices=[32, 64, 128],
+                   help="int4 group size: input columns per scale (default: 32)")
     c.add_argument("--max-shard-size", type=int, default=2 << 30, metavar="BYTES",
                    help="largest shard in bytes (default: 2147483648)")
     c.set_defaults(func=cmd_convert)
@@ -101,8 +106,12 @@ def cmd_convert(args) -> int:
     from openglm.model.config import export_warnings
     from openglm.model.errors import ModelError
     from openglm.model.fp8 import Fp8Config
+    from openglm.model.int4 import Int4Config
     from openglm.model.save import TOKENIZER_FILE, save_pretrained, tokenizer_source
 
+    if args.fp8 and args.int4:
+        print("error: --fp8 and --int4 exclude each other: pick one quantisation", file=sys.stderr)
+        return 1
     try:
         block = tuple(int(x) for x in args.fp8_block.split(","))
         if len(block) != 2 or min(block) <= 0:
@@ -116,7 +125,8 @@ def cmd_convert(args) -> int:
         tokenizer_source(tokenizer, Path(args.dest))  # a --tokenizer without tokenizer.json: refused before loading
         model = load_model(source, dtype=args.dtype)
         save_pretrained(model, args.dest, max_shard_size=args.max_shard_size,
-                        quantization=Fp8Config(block) if args.fp8 else None, tokenizer=tokenizer)
+                        quantization=Fp8Config(block) if args.fp8 else Int4Config(args.int4_group) if args.int4
+                        else None, tokenizer=tokenizer)
     except (ModelError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -125,7 +135,8 @@ def cmd_convert(args) -> int:
     if tokenizer is None:
         print(f"warning: {source} has no {TOKENIZER_FILE}, so {args.dest} has weights only: serve it with "
               "--tokenizer PATH, or convert again with --tokenizer PATH", file=sys.stderr)
-    kind = f"FP8 e4m3 blocks {block[0]}x{block[1]}, other weights " if args.fp8 else ""
+    kind = (f"FP8 e4m3 blocks {block[0]}x{block[1]}, other weights " if args.fp8 else
+            f"int4 groups of {args.int4_group}, other weights " if args.int4 else "")
     print(f"wrote {args.dest} ({model.config.model_type}, {kind}{str(model.dtype).removeprefix('torch.')})")
     return 0
 

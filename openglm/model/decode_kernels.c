@@ -9,6 +9,7 @@
    intermediate activations to bf16). */
 #include <math.h>
 #include <stdlib.h>
+#include <omp.h>
 #include "kernels.h"
 
 /* The limits of what these kernels take (native.py reads them through `decode_limits`): rows per weight (the
@@ -18,8 +19,21 @@
 #define HEADS_MAX_WIDTH 1024
 #define STEP_MAX_WIDTH 65536
 
-enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2 };  /* weight element types; int8 rows carry one fp32 scale each */
+/* weight element types; int8 rows carry one fp32 scale each, int4 rows (int4_kernels.h) one bf16 scale per group */
+enum { W_F32 = 0, W_BF16 = 1, W_I8 = 2, W_I4 = 3 };
 static inline int64_t w_size(int wtype) { return wtype == W_F32 ? 4 : wtype == W_BF16 ? 2 : 1; }
+static inline int64_t w_bytes(int wtype, int64_t n) { return wtype == W_I4 ? n / 2 : n * w_size(wtype); }
+/* the scales of a weight `rows` rows in (k columns, int4 groups of `group`): fp32 per row, bf16 per group */
+static inline const void *scale_at(const void *scale, int wtype, int64_t rows, int64_t k, int64_t group) {
+    if (!scale) return NULL;
+    return wtype == W_I4 ? (const void *)((const uint16_t *)scale + rows * (k / group))
+                         : (const void *)((const float *)scale + rows);
+}
+/* Threads the weight kernels split a product over (native.py sets it to torch's thread count) and the weight size
+   from which they do: below it a fork/join costs more than the split saves. */
+static int kernel_threads = 1;
+#define PARALLEL_BYTES (128 << 10)
+#include "int4_kernels.h"
 static inline v16 load_i8(const void *p) {  /* 16 int8 -> fp32 */
 #if defined(__AVX512F__)  /* GCC lowers the generic conversion below to 16 scalar moves */
     return (v16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
@@ -305,8 +319,9 @@ static int rows_times_i8(const float *x, int64_t n, const int8_t *w, const float
 }
 #endif
 
-static void rows_times_weight(const float *x, int64_t n, const void *w, const float *scale, int wtype, int64_t m,
-                              int64_t k, float *y) {  /* one specialised copy per weight type */
+static void rows_times_weight_one(const float *x, int64_t n, const void *w, const void *scale, int wtype,
+                                  int64_t group, int64_t m, int64_t k, float *y) {  /* one copy per weight type */
+    if (wtype == W_I4) { rows_times_i4(x, n, w, scale, group, m, k, y, m); return; }
     if (wtype == W_BF16 && rows_times_bf16(x, n, w, m, k, y)) return;
     if (wtype == W_I8 && rows_times_i8(x, n, w, scale, m, k, y)) return;
     if (wtype == W_BF16) rows_times_weight_t(x, n, w, scale, W_BF16, m, k, y);
@@ -314,11 +329,41 @@ static void rows_times_weight(const float *x, int64_t n, const void *w, const fl
     else rows_times_weight_t(x, n, w, scale, W_F32, m, k, y);
 }
 
-/* Whether a product of n x rows by a weight [m, k] of wtype (with row scales when int8) is one these kernels take:
-   1 <= n <= MAX_ROWS, k a positive multiple of 16 (the vector loops have no tail). */
-static int rows_ok(int64_t n, int64_t m, int64_t k, int wtype, const float *scale) {
-    return n >= 1 && n <= MAX_ROWS && m >= 1 && k >= 16 && k % 16 == 0 && wtype >= W_F32 && wtype <= W_I8
-        && (wtype != W_I8 || scale != NULL);
+/* y [n, m] = x [n, k] times w [m, k] transposed, the weight rows split over `kernel_threads` (in multiples of 16 rows)
+   when it is large enough; each thread's part goes through a buffer of its own when n > 1 (y's rows are m apart). */
+static void rows_times_weight(const float *x, int64_t n, const void *w, const void *scale, int wtype, int64_t group,
+                              int64_t m, int64_t k, float *y) {
+    const int threads = kernel_threads;
+    if (threads < 2 || w_bytes(wtype, m * k) < PARALLEL_BYTES || m < 32 || omp_in_parallel()) {
+        rows_times_weight_one(x, n, w, scale, wtype, group, m, k, y);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        const int t = omp_get_num_threads(), i = omp_get_thread_num();
+        const int64_t per = (m / 16 + t - 1) / t * 16, j0 = i * per < m ? i * per : m, j1 = j0 + per < m ? j0 + per : m;
+        if (j1 > j0) {
+            const void *wp = (const char *)w + w_bytes(wtype, j0 * k), *sp = scale_at(scale, wtype, j0, k, group);
+            float *part = n == 1 ? y + j0 : malloc(sizeof(float) * n * (j1 - j0));
+            if (part) {
+                rows_times_weight_one(x, n, wp, sp, wtype, group, j1 - j0, k, part);
+                for (int64_t r = 0; n > 1 && r < n; r++)
+                    memcpy(y + r * m + j0, part + r * (j1 - j0), sizeof(float) * (j1 - j0));
+                if (n > 1) free(part);
+            } else {  /* no buffer: the part one row at a time, straight into y */
+                for (int64_t r = 0; r < n; r++)
+                    rows_times_weight_one(x + r * k, 1, wp, sp, wtype, group, j1 - j0, k, y + r * m + j0);
+            }
+        }
+    }
+}
+
+/* Whether a product of n x rows by a weight [m, k] of wtype (with row scales when int8, group scales when int4) is
+   one these kernels take: 1 <= n <= MAX_ROWS, k a positive multiple of 16 (the vector loops have no tail); int4: k a
+   multiple of 32 and of the group, which is 32, 64 or 128. */
+static int rows_ok(int64_t n, int64_t m, int64_t k, int wtype, const void *scale, int64_t group) {
+    return n >= 1 && n <= MAX_ROWS && m >= 1 && k >= 16 && k % 16 == 0 && wtype >= W_F32 && wtype <= W_I4
+        && (wtype < W_I8 || scale != NULL) && (wtype != W_I4 || i4_group_ok(k, group));
 }
 
 /* The limits above, for native.py: out[0] = MAX_ROWS, out[1] = HEADS_MAX_WIDTH, out[2] = STEP_MAX_WIDTH. */
@@ -330,11 +375,15 @@ int64_t decode_limits(int64_t *out) {
 }
 
 /* Which instruction paths this build compiled (-march=native): 1 = bf16 weights through AVX512-BF16 dot products,
-   2 = int8 weights through AVX512-VNNI; otherwise the portable vector code widens each weight to fp32. */
+   2 = int8 weights through AVX512-VNNI, 4 = int4 weights widened by table lookup into AVX512-BF16 dot products;
+   otherwise the portable code widens each weight to fp32. */
 int decode_features(void) {
     int f = 0;
 #if defined(__AVX512BF16__)
     f |= 1;
+#endif
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+    f |= 4;
 #endif
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
     f |= 2;
@@ -344,46 +393,47 @@ int decode_features(void) {
 
 /* SwiGLU of the experts over their rows: xs [rows, h] fp32 sorted by expert, counts [n_experts] rows each
    (each <= MAX_ROWS); gate_up [n_experts, 2 * inter, h] (gate rows first), down [n_experts, h, inter], both of
-   wtype; for int8 their row scales gu_scale [n_experts, 2 * inter] and down_scale [n_experts, h] (else NULL);
-   out [rows, h] fp32; work >= MAX_ROWS * 3 * inter floats. h and inter multiples of 16. Returns 0, or
-   KERNEL_BAD_ARGS (nothing written) when a count is outside [0, MAX_ROWS] or a size or type is not one it takes. */
+   wtype; for int8 their row scales gu_scale [n_experts, 2 * inter] and down_scale [n_experts, h], for int4 their
+   group scales (groups of `group` columns), else NULL; out [rows, h] fp32; work >= MAX_ROWS * 3 * inter floats. h and
+   inter multiples of 16. Returns 0, or KERNEL_BAD_ARGS (nothing written) when a count is outside [0, MAX_ROWS] or a
+   size, group or type is not one it takes. */
 int experts_swiglu(const float *xs, const int64_t *counts, int64_t n_experts, const void *gate_up,
-                   const void *down, const float *gu_scale, const float *down_scale, int wtype, int64_t h,
+                   const void *down, const void *gu_scale, const void *down_scale, int wtype, int64_t group, int64_t h,
                    int64_t inter, float *out, float *work) {
-    if (n_experts < 0 || !rows_ok(1, h, inter, wtype, down_scale) || !rows_ok(1, 2 * inter, h, wtype, gu_scale))
+    if (n_experts < 0 || !rows_ok(1, h, inter, wtype, down_scale, group)
+        || !rows_ok(1, 2 * inter, h, wtype, gu_scale, group))
         return KERNEL_BAD_ARGS;
     for (int64_t e = 0; e < n_experts; e++) if (counts[e] < 0 || counts[e] > MAX_ROWS) return KERNEL_BAD_ARGS;
-    const int64_t size = w_size(wtype);
     float *gu = work, *act = work + MAX_ROWS * 2 * inter;
     for (int64_t e = 0, row = 0; e < n_experts; e++) {
         const int64_t n = counts[e];
         if (!n) continue;
-        rows_times_weight(xs + row * h, n, (const char *)gate_up + e * 2 * inter * h * size,
-                          gu_scale ? gu_scale + e * 2 * inter : NULL, wtype, 2 * inter, h, gu);
+        rows_times_weight(xs + row * h, n, (const char *)gate_up + w_bytes(wtype, e * 2 * inter * h),
+                          scale_at(gu_scale, wtype, e * 2 * inter, h, group), wtype, group, 2 * inter, h, gu);
         for (int64_t r = 0; r < n; r++)
             for (int64_t i = 0; i < inter; i++) {
                 const float g = gu[r * 2 * inter + i], u = gu[r * 2 * inter + inter + i];
                 act[r * inter + i] = g / (1.0f + expf(-g)) * u;
             }
-        rows_times_weight(act, n, (const char *)down + e * h * inter * size, down_scale ? down_scale + e * h : NULL,
-                          wtype, h, inter, out + row * h);
+        rows_times_weight(act, n, (const char *)down + w_bytes(wtype, e * h * inter),
+                          scale_at(down_scale, wtype, e * h, inter, group), wtype, group, h, inter, out + row * h);
         row += n;
     }
     return 0;
 }
 
-/* y [n, m] = x [n, k] times w [m, k] (of wtype, int8 with row scales) transposed: a Linear without bias, for
-   n <= MAX_ROWS rows. x and y are bf16 when io_bf16 (x widened once, y rounded as torch rounds), else fp32.
-   k a multiple of 16. Returns 0, KERNEL_BAD_ARGS (nothing written), or KERNEL_NO_MEMORY when the fp32 buffers of
-   the bf16 case cannot be allocated (y is then untouched). */
-int rows_linear(const void *x, int64_t n, const void *w, const float *scale, int wtype, int io_bf16, int64_t m,
-                int64_t k, void *y) {
-    if (!rows_ok(n, m, k, wtype, scale)) return KERNEL_BAD_ARGS;
-    if (!io_bf16) { rows_times_weight(x, n, w, scale, wtype, m, k, y); return 0; }
+/* y [n, m] = x [n, k] times w [m, k] (of wtype, int8 with row scales, int4 with group scales) transposed: a Linear
+   without bias, for n <= MAX_ROWS rows. x and y are bf16 when io_bf16 (x widened once, y rounded as torch rounds),
+   else fp32. k a multiple of 16. Returns 0, KERNEL_BAD_ARGS (nothing written), or KERNEL_NO_MEMORY when the fp32
+   buffers of the bf16 case cannot be allocated (y is then untouched). */
+int rows_linear(const void *x, int64_t n, const void *w, const void *scale, int wtype, int64_t group, int io_bf16,
+                int64_t m, int64_t k, void *y) {
+    if (!rows_ok(n, m, k, wtype, scale, group)) return KERNEL_BAD_ARGS;
+    if (!io_bf16) { rows_times_weight(x, n, w, scale, wtype, group, m, k, y); return 0; }
     float *xf = malloc(sizeof(float) * n * (k + m));
     if (!xf) return KERNEL_NO_MEMORY;
     for (int64_t i = 0; i < n * k; i++) xf[i] = widen_bf16(((const uint16_t *)x)[i]);
-    rows_times_weight(xf, n, w, scale, wtype, m, k, xf + n * k);
+    rows_times_weight(xf, n, w, scale, wtype, group, m, k, xf + n * k);
     for (int64_t i = 0; i < n * m; i++) ((uint16_t *)y)[i] = round_bf16(xf[n * k + i]);
     free(xf);
     return 0;
@@ -394,16 +444,17 @@ int rows_linear(const void *x, int64_t n, const void *w, const float *scale, int
    scale + h * s_head), y [n, heads, m] fp32. One call per layer instead of a bmm whose small-row set-up
    (oneDNN / MKL) costs more than its ~1 MB read. m and k at most HEADS_MAX_WIDTH, k a multiple of 16; heads at
    least m * k elements (and, int8, m scales) apart. Returns 0 or KERNEL_BAD_ARGS (nothing written). */
-int heads_linear(const float *x, int64_t n, int64_t heads, const void *w, const float *scale, int wtype,
+int heads_linear(const float *x, int64_t n, int64_t heads, const void *w, const void *scale, int wtype, int64_t group,
                  int64_t w_head, int64_t s_head, int64_t m, int64_t k, float *y) {
-    if (!rows_ok(n, m, k, wtype, scale) || heads < 1 || m > HEADS_MAX_WIDTH || k > HEADS_MAX_WIDTH
-        || (heads > 1 && (w_head < m * k || (wtype == W_I8 && s_head < m))))
+    if (!rows_ok(n, m, k, wtype, scale, group) || heads < 1 || m > HEADS_MAX_WIDTH || k > HEADS_MAX_WIDTH
+        || (heads > 1 && (w_head < m * k || (wtype == W_I8 && s_head < m) || (wtype == W_I4 && s_head < m * (k / group)))))
         return KERNEL_BAD_ARGS;
-    const int64_t size = w_size(wtype);
     float xs[MAX_ROWS * HEADS_MAX_WIDTH], ys[MAX_ROWS * HEADS_MAX_WIDTH];
     for (int64_t h = 0; h < heads; h++) {
         for (int64_t r = 0; r < n; r++) memcpy(xs + r * k, x + (r * heads + h) * k, k * sizeof(float));
-        rows_times_weight(xs, n, (const char *)w + h * w_head * size, scale ? scale + h * s_head : NULL, wtype, m, k, ys);
+        const void *sh = !scale ? NULL : wtype == W_I4 ? (const void *)((const uint16_t *)scale + h * s_head)
+                                                       : (const void *)((const float *)scale + h * s_head);
+        rows_times_weight(xs, n, (const char *)w + w_bytes(wtype, h * w_head), sh, wtype, group, m, k, ys);
         for (int64_t r = 0; r < n; r++) memcpy(y + (r * heads + h) * m, ys + r * m, m * sizeof(float));
     }
     return 0;
@@ -433,8 +484,9 @@ int rms_norm_bf16(const uint16_t *x, int64_t rows, int64_t dim, const uint16_t *
    Activations are fp32; in a bf16 model every value the torch path holds in bf16 is rounded to bf16 at the same
    point (`in_act_dtype`), so the two paths agree up to summation order. Keys are read where the cache holds them. */
 
-typedef struct {  /* a weight [rows, cols] of type `type` (per head: head_stride elements apart); int8 row scales */
-    const void *w; const float *scale; int64_t type, rows, cols, head_stride, scale_head_stride;
+typedef struct {  /* a weight [rows, cols] of type `type` (per head: head_stride elements apart); int8 row scales, int4
+                     group scales (groups of `group` columns) */
+    const void *w; const void *scale; int64_t type, rows, cols, head_stride, scale_head_stride, group;
 } Mat;
 
 typedef struct {
@@ -504,7 +556,7 @@ static void rope_pairs(float *x, const float *rot, int64_t pairs, int bf16) {
 }
 /* Whether a weight is one rows_times_weight reads for n rows and has the shape [rows, cols]. */
 static int mat_ok(const Mat *m, int64_t n, int64_t rows, int64_t cols) {
-    return m->w && m->rows == rows && m->cols == cols && rows_ok(n, rows, cols, (int)m->type, m->scale);
+    return m->w && m->rows == rows && m->cols == cols && rows_ok(n, rows, cols, (int)m->type, m->scale, m->group);
 }
 
 /* y [n, m->rows] = x [n, m->cols] times head `head` of m, transposed; x rows x_stride apart, y rows y_stride apart.
@@ -519,24 +571,14 @@ static int mat_rows(const Mat *m, int64_t head, const float *x, int64_t x_stride
         xi = tmp;
     }
     float *yo = copy_y ? tmp + n * m->cols : y;
-    rows_times_weight(xi, n, (const char *)m->w + head * m->head_stride * w_size((int)m->type),
-                      m->scale ? m->scale + head * m->scale_head_stride : NULL, (int)m->type, m->rows, m->cols, yo);
+    const int t = (int)m->type;
+    const void *sh = !m->scale ? NULL : t == W_I4 ? (const void *)((const uint16_t *)m->scale + head * m->scale_head_stride)
+                                                  : (const void *)((const float *)m->scale + head * m->scale_head_stride);
+    rows_times_weight(xi, n, (const char *)m->w + w_bytes(t, head * m->head_stride), sh, t, m->group, m->rows, m->cols, yo);
     if (copy_y)
         for (int64_t r = 0; r < n; r++) memcpy(y + r * y_stride, yo + r * m->rows, m->rows * sizeof(float));
     free(tmp);
     return 0;
-}
-/* Adjacent lanes summed: lanes 0-7 hold a's pair sums, 8-15 b's. Levels of it over 2^L vectors sum runs of 2^L lanes
-   and keep their order: four levels over 16 vectors leave one whose lane i is the sum of vector i. */
-static inline v16 pairsum(v16 a, v16 b) {
-    return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
-         + __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-}
-static inline __attribute__((always_inline)) v16 pairsum_tree(v16 *v, int n) {  /* n a power of two <= 16 */
-    for (; n > 1; n /= 2)
-#pragma GCC unroll 8
-        for (int j = 0; j < n / 2; j++) v[j] = pairsum(v[2 * j], v[2 * j + 1]);
-    return v[0];
 }
 static inline v16 relu(v16 x) {  /* x where x > 0, else +0 (a NaN too) */
     const v16 z = {0};
@@ -974,12 +1016,12 @@ no_memory:
 }
 
 typedef struct {
-    int64_t hidden, n_experts, top_k, n_group, topk_group, inter, norm_topk, softmax_router, act_bf16, wtype;
+    int64_t hidden, n_experts, top_k, n_group, topk_group, inter, norm_topk, softmax_router, act_bf16, wtype, group;
     float scaling;
     Mat router;  /* [n_experts, hidden]; router.w NULL: a dense MLP layer (only `shared` below) */
     const float *bias;  /* e_score_correction_bias [n_experts], fp32 */
     const void *gate_up, *down;  /* routed experts [E, 2 * inter, hidden], [E, hidden, inter] of wtype */
-    const float *gu_scale, *down_scale;  /* their int8 row scales, else NULL */
+    const void *gu_scale, *down_scale;  /* their int8 row scales or int4 group scales (`group` columns), else NULL */
     Mat s_gu, s_down;  /* shared experts or the dense MLP: [2 * I, hidden], [hidden, I]; s_gu.w NULL: none */
 } FfnLayer;
 
@@ -1035,8 +1077,8 @@ static int ffn_ok(const FfnLayer *F, int64_t n) {
             || F->topk_group > G || (G > 1 && (E / G < 2 || F->top_k > E / G * F->topk_group)))
             return 0;
         if (!mat_ok(&F->router, n, E, D) || !F->gate_up || !F->down || (!F->softmax_router && !F->bias)
-            || !rows_ok(n, 2 * F->inter, D, (int)F->wtype, F->gu_scale)
-            || !rows_ok(n, D, F->inter, (int)F->wtype, F->down_scale))
+            || !rows_ok(n, 2 * F->inter, D, (int)F->wtype, F->gu_scale, F->group)
+            || !rows_ok(n, D, F->inter, (int)F->wtype, F->down_scale, F->group))
             return 0;
     }
     return !F->s_gu.w || (mat_ok(&F->s_down, n, D, F->s_down.cols) && mat_ok(&F->s_gu, n, 2 * F->s_down.cols, D));
@@ -1085,11 +1127,12 @@ int ffn_decode(const FfnLayer *F, int64_t n, void *h, const float *x) {
                         m++;
                     }
             if (!m) continue;
-            const int64_t sz = w_size((int)F->wtype);
-            const Mat gu = {(const char *)F->gate_up + e * 2 * F->inter * D * sz,
-                            F->gu_scale ? F->gu_scale + e * 2 * F->inter : NULL, F->wtype, 2 * F->inter, D, 0, 0};
-            const Mat dn = {(const char *)F->down + e * D * F->inter * sz, F->down_scale ? F->down_scale + e * D : NULL,
-                            F->wtype, D, F->inter, 0, 0};
+            const int wt = (int)F->wtype;
+            const Mat gu = {(const char *)F->gate_up + w_bytes(wt, e * 2 * F->inter * D),
+                            scale_at(F->gu_scale, wt, e * 2 * F->inter, D, F->group), F->wtype, 2 * F->inter, D, 0, 0,
+                            F->group};
+            const Mat dn = {(const char *)F->down + w_bytes(wt, e * D * F->inter),
+                            scale_at(F->down_scale, wt, e * D, F->inter, F->group), F->wtype, D, F->inter, 0, 0, F->group};
             if (swiglu_rows(&gu, &dn, xs, m, work, ys, b16)) goto no_memory;
             for (int64_t j = 0; j < m; j++)
                 for (int64_t t = 0; t < D; t++) out[rows[j] * D + t] += gates[slot[j]] * ys[j * D + t];
@@ -1112,4 +1155,24 @@ int ffn_decode(const FfnLayer *F, int64_t n, void *h, const float *x) {
 no_memory:
     free(buf);
     return KERNEL_NO_MEMORY;
+}
+
+/* y [rows, m] = x [rows, k] (bf16, rows xs apart) times the int4 weight w [m, k] (group scales, groups of `group`)
+   transposed, for any number of rows (a prefill's products; a decode step's go through rows_linear): y bf16 (rounded
+   as torch rounds) when y_bf16, else fp32, rows ys apart. Returns 0, KERNEL_BAD_ARGS (nothing written: sizes, strides
+   or group not ones it takes) or KERNEL_NO_MEMORY. */
+int i4_matmul(const uint16_t *x, int64_t rows, int64_t xs, const uint8_t *w, const uint16_t *scale, int64_t group,
+              int64_t m, int64_t k, void *y, int y_bf16, int64_t ys) {
+    if (rows < 1 || m < 1 || !i4_group_ok(k, group) || xs < k || ys < m || !x || !w || !scale || !y)
+        return KERNEL_BAD_ARGS;
+    const int threads = w_bytes(W_I4, m * k) * rows >= PARALLEL_BYTES && !omp_in_parallel() ? kernel_threads : 1;
+    return i4_matmul_blocks(x, rows, xs, w, scale, group, m, k, y, y_bf16, ys, threads);
+}
+
+/* The thread count the weight kernels split their larger products over (native.py passes torch's); returns it, or
+   KERNEL_BAD_ARGS for a count below 1. */
+int64_t set_kernel_threads(int64_t threads) {
+    if (threads < 1) return KERNEL_BAD_ARGS;
+    kernel_threads = threads > 256 ? 256 : (int)threads;
+    return kernel_threads;
 }

@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from openglm.model import native
+from openglm.model import isa, native
 from openglm.model.derived import derived_weight, fused_rows
+from openglm.model.quantized import QuantizedWeight
 
 FEW_ROWS = 4  # experts with at most this many rows (decode) take the small-matmul paths
 SMALL_BMM_ROWS = 64  # per-head products of at most this many rows run in fp32 (oneDNN's bf16 set-up costs more)
@@ -151,8 +152,8 @@ class Inference(Reference):
         if (mlp.act is F.silu and mlp.limit is None and rows.shape[0] <= native.max_rows()
                 and native.swiglu_ok(x, w, mlp.down_proj.weight)):
             return native.swiglu(rows, [rows.shape[0]], w, mlp.down_proj.weight).view(x.shape)
-        gate, up = F.linear(x, w).chunk(2, dim=-1)
-        return mlp.down_proj(swiglu(mlp, gate, up, inplace=True))
+        gate, up = native.linear(x, w).chunk(2, dim=-1)  # quantised weights read in place
+        return self.linear(mlp.down_proj, swiglu(mlp, gate, up, inplace=True))
 
     def experts(self, experts, xs, counts):
         """Fewer ops per expert (in-place activation, results written straight into the output), which is what a
@@ -160,13 +161,19 @@ class Inference(Reference):
         if (experts.act is F.silu and experts.limit is None and 0 < max(counts) <= native.max_rows()
                 and native.swiglu_ok(xs, experts.gate_up_proj, experts.down_proj)):
             return native.swiglu(xs, counts, experts.gate_up_proj, experts.down_proj)
+        if int4_experts_ok(experts, xs):
+            return int4_experts(experts, xs, counts)
         if 0 < max(counts) <= FEW_ROWS and grouped_mm_ok(experts, xs.dtype):
             if xs.dtype == torch.float32:
                 return grouped_mm(experts, xs, counts)
             with without_onednn():  # see below: ATen's gemm is the faster one for a few bf16 rows
                 return grouped_mm(experts, xs, counts)
-        if (xs.dtype == torch.bfloat16 and min((n for n in counts if n), default=0) > FEW_ROWS
-                and grouped_mm_ok(experts, xs.dtype)):
+        prefill_bf16 = xs.dtype == torch.bfloat16 and min((n for n in counts if n), default=0) > FEW_ROWS
+        if prefill_bf16 and isa.experts_path() == "onednn":  # AMX: oneDNN's packed tiles (model/isa.py)
+            out = onednn_experts(experts, xs, counts)
+            if out is not None:
+                return out
+        if prefill_bf16 and grouped_mm_ok(experts, xs.dtype):
             return grouped_mm(experts, xs, counts)  # prefill: ~1.1x the per-expert loop in bf16 (fp32: slower)
         ys = torch.empty_like(xs)
         active = [(e, x, y) for e, (x, y) in enumerate(zip(xs.split(counts), ys.split(counts))) if len(x)]
@@ -192,7 +199,7 @@ class Inference(Reference):
             return head(x)
         # A decode step's rows through decode_kernels.c (streams the cold weight).
         few = native.max_rows() if x.dtype == torch.float32 else LM_HEAD_BF16_ROWS
-        if x.dtype == w.dtype and rows.shape[0] <= few:
+        if x.dtype == w.dtype and (rows.shape[0] <= few or _int4(w)):
             return native.linear(x, w)
         if x.dtype == w.dtype == torch.float32 and rows.shape[0] <= LM_HEAD_FP32_ROWS:
             # With a handful of rows MKL's sgemm streams the big [vocab, hidden] weight ~1.7x faster as the left
@@ -230,6 +237,74 @@ def swiglu(m: nn.Module, gate: torch.Tensor, up: torch.Tensor, inplace: bool = F
         gate = gate.clamp_(max=m.limit) if inplace else gate.clamp(max=m.limit)
         up = up.clamp_(-m.limit, m.limit) if inplace else up.clamp(-m.limit, m.limit)
     return m.act(gate).mul_(up) if inplace else m.act(gate) * up
+
+
+def _int4(w: torch.Tensor) -> bool:
+    return isinstance(w, QuantizedWeight) and w.is_int4
+
+
+def int4_experts_ok(experts: nn.Module, xs: torch.Tensor) -> bool:
+    """Whether `int4_experts` runs these experts: bf16 rows, int4 weights of one group, a SwiGLU, the kernels."""
+    gu, dn = experts.gate_up_proj, experts.down_proj
+    return (xs.dtype == torch.bfloat16 and xs.device.type == "cpu" and experts.act is F.silu and _int4(gu)
+            and _int4(dn) and gu.group == dn.group and native.decode_kernels() is not None)
+
+
+def int4_experts(experts: nn.Module, xs: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Each active expert's SwiGLU over its rows with int4 weights read in place (`native.int4_matmul`: dequantised
+    block by block to the torch path's bf16 values), the gate / up / activation rounded to bf16 as that path rounds
+    them; the down product written straight into the output."""
+    gu, dn = native.kernel_weight(experts.gate_up_proj), native.kernel_weight(experts.down_proj)
+    inter = experts.down_proj.shape[-1]
+    ys = torch.empty_like(xs)
+    start = 0
+    for e, n in enumerate(counts):
+        if n:
+            x = xs[start:start + n]
+            gate, up = native.int4_matmul(x, native.KernelWeight(gu.values[e], gu.scale[e], gu.wtype, gu.group),
+                                          2 * inter).chunk(2, dim=-1)
+            native.int4_matmul(swiglu(experts, gate, up, inplace=True), native.KernelWeight(dn.values[e], dn.scale[e], dn.wtype,
+                                                                          dn.group), xs.shape[-1], ys[start:start + n])
+            start += n
+    return ys
+
+
+def onednn_experts_ok(experts: nn.Module, xs: torch.Tensor) -> bool:
+    return (xs.dtype == torch.bfloat16 and xs.device.type == "cpu" and experts.act is F.silu and experts.limit is None
+            and torch.backends.mkldnn.is_available()
+            and all(type(w) is nn.Parameter and w.dtype == torch.bfloat16 and w.is_contiguous()
+                    for w in (experts.gate_up_proj, experts.down_proj)))
+
+
+def _pack_experts(gate_up: torch.Tensor, down: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """Each expert's gate, up and down weights in oneDNN's blocked layout (a copy: the decode kernels keep reading
+    the plain one)."""
+    inter = down.shape[-1]
+    pack = torch.ops.mkldnn._reorder_linear_weight
+    return [(pack(gu[:inter].contiguous(), 64), pack(gu[inter:].contiguous(), 64), pack(dn, 64))
+            for gu, dn in zip(gate_up.detach(), down.detach())]
+
+
+def onednn_experts(experts: nn.Module, xs: torch.Tensor, counts: list[int]) -> torch.Tensor | None:
+    """Each active expert's SwiGLU through oneDNN's matmul on weights packed once (`_pack_experts`, cached with the
+    weights: on AMX CPUs oneDNN runs them on the tiles): silu(x Wg) from one matmul with the SiLU fused, times x Wu
+    from a second with the product fused, then Wd; fp32 accumulation, each matmul's output rounded to bf16 once.
+    None when it does not apply (the caller takes the grouped path)."""
+    if not onednn_experts_ok(experts, xs):
+        return None
+    packed = derived_weight(experts, "onednn_experts", [experts.gate_up_proj, experts.down_proj], _pack_experts)
+    if packed is None:
+        return None
+    linear = torch.ops.mkldnn._linear_pointwise
+    ys = torch.empty_like(xs)
+    start = 0
+    for (gate, up, down), n in zip(packed, counts):
+        if n:
+            x = xs[start:start + n]
+            act = linear.binary(x, linear(x, gate, None, "swish", [], ""), up, None, "mul")
+            ys[start:start + n] = linear(act, down, None, "none", [], "")
+            start += n
+    return ys
 
 
 def swiglu_rows(experts: nn.Module, groups) -> None:

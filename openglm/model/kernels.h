@@ -38,6 +38,18 @@ static inline float hsum16(v16 x) {
     return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
+/* Adjacent lanes summed: lanes 0-7 hold a's pair sums, 8-15 b's. Levels of it over 2^L vectors sum runs of 2^L lanes
+   and keep their order: four levels over 16 vectors leave one whose lane i is the sum of vector i. */
+static inline v16 pairsum(v16 a, v16 b) {
+    return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+         + __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+static inline __attribute__((always_inline)) v16 pairsum_tree(v16 *v, int n) {  /* n a power of two <= 16 */
+    for (; n > 1; n /= 2)
+#pragma GCC unroll 8
+        for (int j = 0; j < n / 2; j++) v[j] = pairsum(v[2 * j], v[2 * j + 1]);
+    return v[0];
+}
 static inline uint16_t round_bf16(float f) {  /* round to nearest even, as torch's .to(torch.bfloat16) */
     uint32_t u; memcpy(&u, &f, sizeof u);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);  /* NaN stays a (quiet) NaN */

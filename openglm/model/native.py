@@ -7,7 +7,10 @@
   does each in one or two passes over cache-resident data.
 - `decode_kernels()` (`decode_kernels.c`): a decode step's few-row products (routed experts, projections,
   MLA's per-head absorption), whose weights small-row BLAS calls read at ~5 GB/s; the C streams each fp32,
-  bf16 or int8 weight row once (int8 in place, with its row scale), ~2x faster cold.
+  bf16, int8 or int4 weight row once (int8 and int4 in place, with their scales), ~2x faster cold; and the int4
+  products of any row count (`int4_kernels.h`: a prefill's, which no ATen kernel reads in this layout).
+  Products of large weights are split over torch's thread count with OpenMP (`-fopenmp`: the libgomp torch
+  loaded, so one thread pool and one wait policy for both; `set_kernel_threads` follows torch.set_num_threads).
 
 Both include `kernels.h` (the SIMD helpers, the top-k selection and the error codes they share). Each is compiled
 once (~0.3 s) with the system C compiler (`cc`, or $CC; extra flags from $OPENGLM_CFLAGS, e.g. a sanitizer) into
@@ -38,8 +41,8 @@ import torch
 
 from openglm.model.quantized import QuantizedWeight
 
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
-HEADER = "kernels.h"
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fopenmp"]
+HEADERS = ("kernels.h", "int4_kernels.h")
 KERNEL_BAD_ARGS, KERNEL_NO_MEMORY = -1, -2  # the error codes of kernels.h
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 DSA_SIGNATURES = {  # argument and result types of each exported function (see dsa_kernels.c)
@@ -50,9 +53,11 @@ DSA_SIGNATURES = {  # argument and result types of each exported function (see d
     "dsa_head_sum": ([_P, _C, _I, _I, _I, _P, _P, _I, _P, _I], _I),
     "dsa_rows_topk": ([_P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _P, _P], _I),
 }
-DECODE_SIGNATURES = {"experts_swiglu": ([_P, _P, _I, _P, _P, _P, _P, _C, _I, _I, _P, _P], _C),
-                     "rows_linear": ([_P, _I, _P, _P, _C, _C, _I, _I, _P], _C),
-                     "heads_linear": ([_P, _I, _I, _P, _P, _C, _I, _I, _I, _I, _P], _C),
+DECODE_SIGNATURES = {"experts_swiglu": ([_P, _P, _I, _P, _P, _P, _P, _C, _I, _I, _I, _P, _P], _C),
+                     "rows_linear": ([_P, _I, _P, _P, _C, _I, _C, _I, _I, _P], _C),
+                     "heads_linear": ([_P, _I, _I, _P, _P, _C, _I, _I, _I, _I, _I, _P], _C),
+                     "i4_matmul": ([_P, _I, _I, _P, _P, _I, _I, _I, _P, _C, _I], _C),
+                     "set_kernel_threads": ([_I], _I),
                      "rms_norm_bf16": ([_P, _I, _I, _P, _F, _P], _C),
                      "mla_decode_select": ([_P, _P, _I, _P, _P, _P, _P, _P, _I, _P], _I),
                      "mla_decode_attend": ([_P, _P, _I, _P, _P, _P, _I, _P], _C),
@@ -131,7 +136,8 @@ def decode_paths() -> str:
         return "off (torch ops)"
     f = lib.decode_features()
     return ", ".join([("bf16 vdpbf16ps" if f & 1 else "bf16 widened to fp32"),
-                      ("int8 vpdpwssd" if f & 2 else "int8 widened to fp32"), "fp32 FMA",
+                      ("int8 vpdpwssd" if f & 2 else "int8 widened to fp32"),
+                      ("int4 vpermw + vdpbf16ps" if f & 4 else "int4 widened to fp32"), "fp32 FMA",
                       ("DSA scan of the int8 key shadow (vpdpbusd)" if f & 2 else "DSA scan of the keys")])
 
 
@@ -159,9 +165,10 @@ def build(name: str) -> Path | None:
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         return None
-    source, header = Path(__file__).with_name(f"{name}_kernels.c"), Path(__file__).with_name(HEADER)
+    source = Path(__file__).with_name(f"{name}_kernels.c")
+    headers = [Path(__file__).with_name(h).read_text() for h in HEADERS]
     flags = FLAGS + shlex.split(os.environ.get("OPENGLM_CFLAGS", ""))
-    key = hashlib.sha256("\n".join([source.read_text(), header.read_text(), cc, *flags, platform.machine(),
+    key = hashlib.sha256("\n".join([source.read_text(), *headers, cc, *flags, platform.machine(),
                                     _cpu_id()]).encode())
     cache = Path(os.environ.get("OPENGLM_CACHE") or Path.home() / ".cache" / "openglm")
     path = cache / f"{name}_{key.hexdigest()[:16]}.so"
@@ -180,18 +187,50 @@ def ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
-W_F32, W_BF16, W_I8 = 0, 1, 2  # the weight element types of decode_kernels.c
+W_F32, W_BF16, W_I8, W_I4 = 0, 1, 2, 3  # the weight element types of decode_kernels.c
 
 
-def kernel_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, int] | None:
-    """(values, row scales or None, weight type) of a weight as `decode_kernels.c` reads it: fp32 / bf16 in
-    place, an int8 `QuantizedWeight`'s int8 values and fp32 row scales in place (no dequantised copy); None
-    for other weights (fp8, fp16). Callers check the values' strides."""
+@dataclass(frozen=True)
+class KernelWeight:
+    """A weight as `decode_kernels.c` reads it: its values (fp32 / bf16 in place; an int8 `QuantizedWeight`'s int8
+    values, an int4 one's packed codes), their scales (int8: fp32 per row; int4: bf16 per group of `group` columns;
+    else None) and the weight type."""
+    values: torch.Tensor
+    scale: torch.Tensor | None
+    wtype: int
+    group: int = 0
+
+    def __iter__(self):  # (values, scale, wtype), as callers unpack it
+        return iter((self.values, self.scale, self.wtype))
+
+    def __getitem__(self, i):
+        return (self.values, self.scale, self.wtype)[i]
+
+    def contiguous(self) -> bool:
+        return self.values.is_contiguous() and (self.scale is None or self.scale.is_contiguous())
+
+
+def kernel_weight(w: torch.Tensor) -> KernelWeight | None:
+    """`w` as `decode_kernels.c` reads it, in place (no dequantised copy), or None for other weights (fp8, fp16).
+    Callers check the values' strides."""
     if isinstance(w, QuantizedWeight):
-        return (w.qdata, w.scale, W_I8) if w.qdata.dtype == torch.int8 else None
+        if w.is_int4:
+            return KernelWeight(w.qdata, w.scale, W_I4, w.group)
+        return KernelWeight(w.qdata, w.scale, W_I8) if w.qdata.dtype == torch.int8 else None
     if w.dtype in (torch.float32, torch.bfloat16):
-        return w, None, W_BF16 if w.dtype == torch.bfloat16 else W_F32
+        return KernelWeight(w, None, W_BF16 if w.dtype == torch.bfloat16 else W_F32)
     return None
+
+
+def sync_threads(lib) -> None:
+    """The kernels' thread count follows torch's (set_num_threads, or the engine's thread governor)."""
+    threads = torch.get_num_threads()
+    if threads != _threads[0]:
+        check(lib.set_kernel_threads(threads), "set_kernel_threads")
+        _threads[0] = threads
+
+
+_threads = [0]
 
 
 def scale_ptr(scale: torch.Tensor | None) -> int | None:
@@ -202,25 +241,29 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear(x, w) (no bias) for the inference paths (`fast.Inference`: no autograd, so no graph is recorded);
     a decode step's few rows through `decode_kernels.c`, which streams each weight row once (small-row BLAS reads
     cold weights at ~5 GB/s; fp32 accumulation).
-    fp32 or bf16 x with a weight of its dtype or an int8 `QuantizedWeight`; more rows of bf16 x over an int8
-    weight take ATen's weight-only int8 matmul, which also reads the int8 values in place. A weight whose inner
-    width is not x's raises, as F.linear does."""
+    fp32 or bf16 x with a weight of its dtype or an int8 / int4 `QuantizedWeight`; more rows of bf16 x over an
+    int8 weight take ATen's weight-only int8 matmul, over an int4 one `int4_matmul`, both reading the quantised
+    values in place. A weight whose inner width is not x's raises, as F.linear does."""
     if w.dim() != 2 or w.shape[-1] != x.shape[-1]:
         raise ValueError(f"linear: weight {tuple(w.shape)} does not take input {tuple(x.shape)} (its inner width "
                          f"must be the input's last, {x.shape[-1]})")
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     kw = kernel_weight(w) if (x.device.type == "cpu" and x.dtype == w.dtype
                               and x.dtype in (torch.float32, torch.bfloat16)) else None
-    if kw is None or not kw[0].is_contiguous() or (kw[1] is not None and not kw[1].is_contiguous()):
+    if kw is None or not kw.contiguous():
         return torch.nn.functional.linear(x, w)
     values, scale, wtype = kw
     m, k = w.shape
     if 0 < rows <= max_rows() and k % 16 == 0:
         xr = x.reshape(rows, k).contiguous()
         out = xr.new_empty(rows, m)
-        check(decode_kernels().rows_linear(ptr(xr), rows, ptr(values), scale_ptr(scale), wtype,
-                                           int(x.dtype == torch.bfloat16), m, k, ptr(out)), "rows_linear")
+        lib = decode_kernels()
+        sync_threads(lib)
+        check(lib.rows_linear(ptr(xr), rows, ptr(values), scale_ptr(scale), wtype, kw.group,
+                              int(x.dtype == torch.bfloat16), m, k, ptr(out)), "rows_linear")
         return out.view(*x.shape[:-1], m)
+    if wtype == W_I4 and x.dtype == torch.bfloat16 and rows:
+        return int4_matmul(x.reshape(rows, k), kw, m).view(*x.shape[:-1], m)
     if wtype == W_I8 and x.dtype == torch.bfloat16:
         xr = x.reshape(-1, k).contiguous()
         return torch._weight_int8pack_mm(xr, values, scale.view(-1).to(x.dtype)).view(*x.shape[:-1], m)
@@ -240,16 +283,19 @@ def heads_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     kw = kernel_weight(w)
     if not (kw is not None and 0 < rows <= limits.max_rows and x.device.type == "cpu"
             and x.dtype in (torch.float32, torch.bfloat16)
-            and kw[0].stride(-1) == 1 and kw[0].stride(-2) == k and k % 16 == 0
+            and kw[0].stride(-1) == 1 and kw[0].stride(-2) == kw[0].shape[-1] and k % 16 == 0
             and max(k, m) <= limits.heads_max_width):
         return None
     values, scale, wtype = kw
-    if scale is not None and scale.stride(-2) != 1:
+    if scale is not None and (scale.stride(-1) != 1 or scale.stride(-2) != scale.shape[-1]):
         return None
     xf = x.float().contiguous()
     out = xf.new_empty(rows, heads, m)
-    check(decode_kernels().heads_linear(ptr(xf), rows, heads, ptr(values), scale_ptr(scale), wtype, values.stride(0),
-                                        0 if scale is None else scale.stride(0), m, k, ptr(out)), "heads_linear")
+    lib = decode_kernels()
+    sync_threads(lib)
+    head = values.stride(0) * (2 if wtype == W_I4 else 1)  # in weights: int4 codes are two a byte
+    check(lib.heads_linear(ptr(xf), rows, heads, ptr(values), scale_ptr(scale), wtype, kw.group, head,
+                           0 if scale is None else scale.stride(0), m, k, ptr(out)), "heads_linear")
     return out.to(x.dtype)
 
 
@@ -281,8 +327,8 @@ def swiglu_ok(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> boo
             and decode_kernels() is not None):
         return False
     a, b = kernel_weight(gate_up), kernel_weight(down)
-    return (a is not None and b is not None and a[2] == b[2]
-            and all(t.is_contiguous() for t in (a[0], b[0]) + ((a[1], b[1]) if a[1] is not None else ())))
+    return (a is not None and b is not None and a.wtype == b.wtype and a.group == b.group
+            and a.contiguous() and b.contiguous())
 
 
 def swiglu(xs: torch.Tensor, counts: list[int], gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
@@ -295,10 +341,30 @@ def swiglu(xs: torch.Tensor, counts: list[int], gate_up: torch.Tensor, down: tor
     if len(counts) != sets or sum(counts) != xs.shape[0] or xs.shape[-1] != H:
         raise ValueError(f"swiglu: row counts {counts} over input {tuple(xs.shape)} do not fit {sets} weight set(s) "
                          f"of width {H}")
-    (gu, gu_scale, wtype), (dn, dn_scale, _) = kernel_weight(gate_up), kernel_weight(down)
+    a, b = kernel_weight(gate_up), kernel_weight(down)
     x = xs.float().contiguous()
     out, work = torch.empty_like(x), x.new_empty(max_rows() * 3 * inter)
     rows = torch.tensor(counts, dtype=torch.int64)  # held here: the kernel reads it through a raw pointer
-    check(decode_kernels().experts_swiglu(ptr(x), ptr(rows), len(counts), ptr(gu), ptr(dn), scale_ptr(gu_scale),
-                                          scale_ptr(dn_scale), wtype, H, inter, ptr(out), ptr(work)), "experts_swiglu")
+    lib = decode_kernels()
+    sync_threads(lib)
+    check(lib.experts_swiglu(ptr(x), ptr(rows), len(counts), ptr(a.values), ptr(b.values), scale_ptr(a.scale),
+                             scale_ptr(b.scale), a.wtype, a.group, H, inter, ptr(out), ptr(work)), "experts_swiglu")
     return out.to(xs.dtype)
+
+
+def int4_matmul(x: torch.Tensor, kw: KernelWeight, m: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [rows, k] bf16 times an int4 weight [m, k] (`kernel_weight` of it) transposed -> bf16 [rows, m] (or into
+    `out`, a bf16 [rows, m] view with unit column stride), through `int4_kernels.h`: each block of four weight
+    rows dequantised once to bf16 (the torch path's values) and multiplied into every row, for any row count."""
+    rows, k = x.shape
+    if kw.wtype != W_I4 or x.dtype != torch.bfloat16 or kw.values.shape[-1] * 2 != k:
+        raise ValueError(f"int4_matmul: input {tuple(x.shape)} {x.dtype} does not fit the int4 weight")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if out is None:
+        out = x.new_empty(rows, m)
+    lib = decode_kernels()
+    sync_threads(lib)
+    check(lib.i4_matmul(ptr(x), rows, x.stride(0), ptr(kw.values), ptr(kw.scale), kw.group, m, k, ptr(out), 1,
+                        out.stride(0)), "i4_matmul")
+    return out

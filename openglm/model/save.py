@@ -21,10 +21,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from openglm.model import fp8
+from openglm.model import fp8, int4
 from openglm.model.errors import CheckpointError
 from openglm.model.families import family_of
 from openglm.model.hf_names import HFNames, hf_name
+from openglm.model.quantized import QuantizedWeight
 from openglm.util.files import default_mode, replace_dir
 
 INDEX = "model.safetensors.index.json"
@@ -37,10 +38,11 @@ SIDECAR_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def save_pretrained(model, path, max_shard_size: int = 2 << 30, quantization: fp8.Fp8Config | None = None,
-                    tokenizer=None) -> Path:
+def save_pretrained(model, path, max_shard_size: int = 2 << 30,
+                    quantization: fp8.Fp8Config | int4.Int4Config | None = None, tokenizer=None) -> Path:
     """Write `model` (a GlmMoeDsaForCausalLM) as a Hugging Face checkpoint at `path`; returns the folder. With
-    `quantization`, as an FP8 block-quantised one (the format of the -FP8 releases, which vLLM and SGLang serve).
+    `quantization`, as an FP8 block-quantised one (the format of the -FP8 releases, which vLLM and SGLang serve) or
+    an int4 one (`int4.py`).
     `tokenizer`: an openglm Tokenizer (its files and chat template are written), or a folder whose tokenizer files
     are copied (a checkpoint being converted); None writes weights only (not servable without `--tokenizer`)."""
     path = Path(path)
@@ -52,7 +54,9 @@ def save_pretrained(model, path, max_shard_size: int = 2 << 30, quantization: fp
     if quantization is not None:
         skip = quantization.modules_to_not_convert
         extra = list(names.fp8_not_convert) + _kept_not_convert(model, kept, names)
-        quantization = fp8.Fp8Config(quantization.block, skip + [m for m in extra if m not in skip])
+        skip = skip + [m for m in extra if m not in skip]
+        quantization = (int4.Int4Config(quantization.group, skip) if isinstance(quantization, int4.Int4Config)
+                        else fp8.Fp8Config(quantization.block, skip))
         tensors = _quantized(tensors, quantization)
     tensors.update(kept)  # as loaded: the same bytes go back
     shards = _split(tensors, max_shard_size)
@@ -114,7 +118,9 @@ def copy_sidecar_files(source: str | os.PathLike, dest: str | os.PathLike) -> li
 def _hf_state_dict(model, names: HFNames) -> dict[str, torch.Tensor]:
     out = {}
     n = model.config.num_hidden_layers
-    for name, t in model.state_dict().items():
+    tensors = dict(model.state_dict())  # quantised weights are buffers outside it: written dequantised
+    tensors.update((name, b.dequantize()) for name, b in model.named_buffers() if isinstance(b, QuantizedWeight))
+    for name, t in tensors.items():
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
         for disk_name, piece in names.to_hf(hf_name(name, n), t.detach()):
@@ -135,13 +141,15 @@ def _kept_not_convert(model, kept: dict[str, torch.Tensor], names: HFNames) -> l
     return list(getattr(model, "kept_not_convert", []))
 
 
-def _quantized(tensors: dict[str, torch.Tensor], q: fp8.Fp8Config) -> dict[str, torch.Tensor]:
+def _quantized(tensors: dict[str, torch.Tensor], q: fp8.Fp8Config | int4.Int4Config) -> dict[str, torch.Tensor]:
     out = {}
     for name, t in tensors.items():
-        if q.converts(name, t):
-            out[name], out[name + fp8.SCALE_SUFFIX] = fp8.quantize(t, q.block)
-        else:
+        if not q.converts(name, t):
             out[name] = t
+        elif isinstance(q, int4.Int4Config):
+            out[name], out[name + int4.SCALE_SUFFIX] = q.quantize(t)
+        else:
+            out[name], out[name + fp8.SCALE_SUFFIX] = fp8.quantize(t, q.block)
     return out
 
 

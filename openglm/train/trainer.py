@@ -34,6 +34,7 @@ from openglm.train.prepare import (TrainSetupError, build_model_config, check_re
 from openglm.train.schedule import lr_at
 from openglm.train.telemetry import MetricsLog
 from openglm.train.tracker import ROUTER_SUFFIX, StepTracker
+from openglm.util.threads import ThreadGovernor
 
 
 class TrainingDiverged(RuntimeError):
@@ -78,6 +79,8 @@ class Trainer:
         self.cfg, self.info = cfg, dist.setup(cfg.device)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        # CPU threads follow the cores other processes leave free (util/threads.py), re-checked before each step
+        self.threads = ThreadGovernor.for_torch() if torch.device(cfg.device).type == "cpu" else None
         self.log = log if self.info.is_main else (lambda *_: None)
         self.out = prepare_output(cfg.out_dir)
         if train_tokens is None:
@@ -162,6 +165,8 @@ class Trainer:
         trained_s, tokens = 0.0, 0
         evals = max(1, cfg.max_steps // cfg.eval_every)  # validations per schedule, kept when replan changes its length
         while self.step < self._end(stop_at):
+            if self.threads is not None:
+                self.threads.poll()
             t0 = time.perf_counter()
             loss = self._train_step()
             dt = time.perf_counter() - t0

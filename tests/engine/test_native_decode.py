@@ -1,5 +1,6 @@
 """The engine's decode steps run natively (`model/decode_step.py` over the paged pool, no gather) and give the
-torch path's tokens: batched sequences of different lengths, chunked prefill, shared prefixes, int8 weights."""
+torch path's tokens: batched sequences of different lengths, chunked prefill, shared prefixes, int8 and int4 weights
+(the int4 codes read in place by the step's kernels)."""
 
 import pytest
 import torch
@@ -16,7 +17,8 @@ CREATE = DecodePlan.create.__func__
 
 
 @pytest.mark.needs_native
-@pytest.mark.parametrize("kw", [dict(dtype="float32"), dict(dtype="bfloat16", quantization="int8")])
+@pytest.mark.parametrize("kw", [dict(dtype="float32"), dict(dtype="bfloat16", quantization="int8"),
+                                dict(dtype="bfloat16", quantization="int4")])
 def test_engine_native_decode_gives_the_torch_paths_tokens(tiny_checkpoint, monkeypatch, kw):
     g = torch.Generator().manual_seed(3)
     shared = torch.randint(10, 380, (20,), generator=g).tolist()

@@ -88,6 +88,30 @@ def fp8_bad_scale(path):
     edit_tensors(path, lambda t: t.update({VICTIM + "_scale_inv": torch.ones(3, 3)}))
 
 
+def as_int4(path):
+    """The checkpoint rewritten as int4 (`openglm convert --int4`): VICTIM becomes uint8 codes [32, 32] with bf16
+    scales [32, 2] (groups of 32)."""
+    from openglm.model.int4 import Int4Config
+
+    save_pretrained(load_model(path), path, max_shard_size=20_000, quantization=Int4Config(32))
+
+
+def int4_bad_scale(path):
+    as_int4(path)
+    edit_tensors(path, lambda t: t.update({VICTIM + "_scale": torch.ones(32, 3, dtype=torch.bfloat16)}))
+
+
+def int4_nan_scale(path):
+    as_int4(path)
+    edit_tensors(path, lambda t: t[VICTIM + "_scale"].__setitem__((0, 0), float("nan")))
+
+
+def int4_group(path):
+    as_int4(path)
+    edit_config(path, quantization_config={**json.loads((path / "config.json").read_text())["quantization_config"],
+                                           "group_size": 48})
+
+
 def scale_without_fp8_config(path):
     edit_tensors(path, lambda t: t.update({VICTIM: t[VICTIM].to(torch.float8_e4m3fn),
                                            VICTIM + "_scale_inv": torch.ones(4, 8)}))
@@ -156,7 +180,7 @@ ROWS = [
      lambda p: edit_config(p, eos_token_id=999)),
     ("engine-key", "`indexer_rope_interleave: false` (NeoX indexer RoPE)", ConfigError,
      r"indexer_rope_interleave=False is not supported", lambda p: edit_config(p, indexer_rope_interleave=False)),
-    ("quant-config", "`quantization_config` other than fp8 e4m3 blocks", QuantizationError,
+    ("quant-config", "`quantization_config` other than fp8 e4m3 blocks or openglm_int4", QuantizationError,
      r"quantization_config\.quant_method='awq'", lambda p: edit_config(p, quantization_config={"quant_method": "awq"})),
     ("index-dotdot", "index entry `../elsewhere.safetensors`", CheckpointPathError,
      r"'\.\./elsewhere\.safetensors', which is outside the checkpoint folder", lambda p: move_shard_out(p, "..")),
@@ -186,6 +210,16 @@ ROWS = [
      r"up_proj\.weight_scale_inv' has shape \(3, 3\)", fp8_bad_scale),
     ("scale-no-quant", "a block scale in a checkpoint without quantization_config", TensorDTypeError,
      r"a block scale needs an FP8 checkpoint", scale_without_fp8_config),
+    ("int4-no-scale", "int4 codes without their `weight_scale`", TensorDTypeError,
+     r"an int4 weight is uint8 codes NAME with bf16 scales NAME_scale, and one of the pair is missing",
+     lambda p: (as_int4(p), edit_tensors(p, lambda t: t.pop(VICTIM + "_scale")))),
+    ("int4-scale-shape", "int4 scales that do not fit the codes and group size", QuantizationError,
+     r"up_proj\.weight' in .*: int4 codes \(32, 32\) torch\.uint8 and scales .* \(32, 3\) .* do not fit group_size 32",
+     int4_bad_scale),
+    ("int4-nan-scale", "a NaN int4 scale", QuantizationError, r"up_proj\.weight_scale' in .* NaN or infinite scales",
+     int4_nan_scale),
+    ("int4-group", "an int4 `group_size` other than 32, 64, 128", QuantizationError,
+     r"quantization_config\.group_size=48: expected one of 32, 64, 128", int4_group),
     ("missing-tensor", "a tensor the config needs is absent", MissingTensorError, re.escape(VICTIM),
      lambda p: edit_tensors(p, lambda t: t.pop(VICTIM))),
     ("unexpected-tensor", "a tensor the model does not have", UnexpectedTensorError, r"bogus",
@@ -256,6 +290,19 @@ def test_cli_prints_one_line_without_traceback(argv, saved, tmp_path):
     lines = [line for line in r.stderr.splitlines() if line.strip() and not line.startswith(("training a ", "data "))]
     assert "Traceback" not in r.stderr and len(lines) == 1, r.stderr
     assert "trainer_state.pt" in lines[0] or "has dtype I64" in lines[0]
+
+
+def test_malformed_int4_checkpoint_is_refused_in_one_line(saved):
+    import subprocess
+    import sys
+
+    int4_bad_scale(saved)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-m", "openglm", "convert", str(saved), str(saved.parent / "out")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode != 0 and "Traceback" not in r.stderr and len(lines) == 1, r.stderr
+    assert "int4 codes (32, 32)" in lines[0] and "do not fit group_size 32" in lines[0]
 
 
 def test_train_cli_guard_turns_load_errors_into_one_line(saved, capsys):

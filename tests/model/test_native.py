@@ -76,16 +76,16 @@ def test_decode_kernels_refuse_sizes_outside_their_limits_and_write_nothing():
     n = limits.max_rows + 1
     x, w = torch.randn(n, 64), torch.randn(32, 64)
     out = torch.full((n, 32), 7.0)
-    assert lib.rows_linear(ptr(x), n, ptr(w), None, native.W_F32, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS
-    assert lib.rows_linear(ptr(x), 2, ptr(w), None, native.W_F32, 0, 32, 24, ptr(out)) == KERNEL_BAD_ARGS  # k % 16
-    assert lib.rows_linear(ptr(x), 2, ptr(w), None, native.W_I8, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS  # no scale
-    assert lib.rows_linear(ptr(x), 2, ptr(w), None, 7, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS  # no such type
+    assert lib.rows_linear(ptr(x), n, ptr(w), None, native.W_F32, 0, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS
+    assert lib.rows_linear(ptr(x), 2, ptr(w), None, native.W_F32, 0, 0, 32, 24, ptr(out)) == KERNEL_BAD_ARGS  # k % 16
+    assert lib.rows_linear(ptr(x), 2, ptr(w), None, native.W_I8, 0, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS  # no scale
+    assert lib.rows_linear(ptr(x), 2, ptr(w), None, 7, 0, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS  # no such type
     wide = limits.heads_max_width + 16
-    assert lib.heads_linear(ptr(x), 2, 1, ptr(w), None, native.W_F32, 0, 0, wide, 64, ptr(out)) == KERNEL_BAD_ARGS
-    assert lib.heads_linear(ptr(x), 2, 2, ptr(w), None, native.W_F32, 16, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS
+    assert lib.heads_linear(ptr(x), 2, 1, ptr(w), None, native.W_F32, 0, 0, 0, wide, 64, ptr(out)) == KERNEL_BAD_ARGS
+    assert lib.heads_linear(ptr(x), 2, 2, ptr(w), None, native.W_F32, 0, 16, 0, 32, 64, ptr(out)) == KERNEL_BAD_ARGS
     counts = torch.tensor([1, n], dtype=torch.int64)
     gu, dn, work = torch.randn(2, 32, 64), torch.randn(2, 64, 16), torch.empty(n * 48)
-    assert lib.experts_swiglu(ptr(x), ptr(counts), 2, ptr(gu), ptr(dn), None, None, native.W_F32, 64, 16, ptr(out),
+    assert lib.experts_swiglu(ptr(x), ptr(counts), 2, ptr(gu), ptr(dn), None, None, native.W_F32, 0, 64, 16, ptr(out),
                               ptr(work)) == KERNEL_BAD_ARGS
     b16 = torch.randn(2, 8).bfloat16()
     assert lib.rms_norm_bf16(ptr(b16), 2, 8, ptr(b16), 1e-6, ptr(b16)) == KERNEL_BAD_ARGS  # dim % 16
@@ -119,7 +119,7 @@ import torch
 from openglm.engine.quant import quantize_tensor
 from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig, native
 from openglm.model.glm5.sparse_dsa import dsa_attention
-from openglm.model.quantized import QuantizedWeight
+from openglm.model.quantized import QuantizedWeight, quantize_int4
 
 assert native.decode_kernels() is not None and native.dsa_kernels() is not None, "kernels not built"
 torch.manual_seed(0)
@@ -145,6 +145,21 @@ with torch.no_grad():
         assert not native.swiglu_ok(xs, gate_up, torch.randn(3, 48, 16).to(dtype))
         assert native.heads_linear(torch.randn(3, 2, 32).to(dtype), torch.randn(2, 16, 32).to(dtype)) is not None
         native.rms_norm_bf16(torch.randn(3, 32).bfloat16(), torch.randn(32).bfloat16(), 1e-6)
+        for group, width in ((32, 160), (128, 256)):  # int4: a last 32-code block; groups of 4 blocks
+            w4 = QuantizedWeight(*quantize_int4(torch.randn(36, width), group), dtype)
+            for rows in (1, 3, 8, 20):  # decode rows, and (bf16) the prefill kernel
+                x = torch.randn(rows, width).to(dtype)
+                ref = x.float() @ w4.dequantize().float().t()
+                assert (native.linear(x, w4).float() - ref).abs().max() <= 0.05 * ref.abs().max()
+        gu4, dn4 = (QuantizedWeight(*quantize_int4(torch.randn(*s), 32), dtype) for s in ((3, 64, 64), (3, 64, 32)))
+        native.swiglu(torch.randn(5, 64).to(dtype), [2, 0, 3], gu4, dn4)
+        torch.set_num_threads(2)  # weights past the kernels' split size: each thread's rows, its own buffer
+        for w in (QuantizedWeight(*quantize_int4(torch.randn(1024, 256), 32), dtype), torch.randn(512, 256).to(dtype)):
+            for rows in (1, 3, 20 if dtype == torch.bfloat16 else 8):
+                x = torch.randn(rows, 256).to(dtype)
+                ref = x.float() @ (w.dequantize() if isinstance(w, QuantizedWeight) else w).float().t()
+                assert (native.linear(x, w).float() - ref).abs().max() <= 0.05 * ref.abs().max()
+        torch.set_num_threads(1)
     q, k = torch.randn(1, 2, 40, 32), torch.randn(1, 1, 40, 32)
     dsa_attention(q, k, k[..., :16], torch.randn(1, 40, 2, 16), torch.randn(1, 40, 16), torch.rand(1, 40, 2), 8)
     for preset in ("tiny", "tiny-glm4-moe-lite"):
@@ -171,7 +186,8 @@ def _libasan() -> str | None:
 @pytest.mark.skipif(_libasan() is None, reason="gcc's AddressSanitizer runtime (libasan) is not installed")
 def test_kernels_run_clean_under_address_sanitizer(tmp_path, monkeypatch):
     """The kernels built with -fsanitize=address (in their own cache folder), run at tiny shapes: every native path
-    the model takes (linear, SwiGLU, per-head products, bf16 norms, the DSA kernels, whole decode steps) and the
+    the model takes (linear over fp32 / bf16 / int8 / int4 weights, split over two threads too, SwiGLU, per-head
+    products, bf16 norms, the DSA kernels, whole decode steps) and the
     wrappers' refusals of mismatched shapes. A read or write past any buffer aborts the process with ASan's report."""
     # -O0: seconds to build (an optimised sanitized build took minutes), and no access optimised away
     monkeypatch.setenv("OPENGLM_CFLAGS", "-O0 -fsanitize=address -fno-omit-frame-pointer")

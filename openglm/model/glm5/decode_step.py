@@ -24,7 +24,7 @@ from torch.nn.modules import module as torch_module  # its registry of hooks on 
 
 from openglm.model.cache import DecodeRows
 from openglm.model.moe import MLP, Experts, MoE
-from openglm.model.native import check, decode_kernels, decode_limits, kernel_weight
+from openglm.model.native import W_I4, check, decode_kernels, decode_limits, kernel_weight
 from openglm.model.quantized import QuantizedWeight
 from openglm.model.derived import derived_weight, fused_rows
 from openglm.model.glm5.sparse_dsa import topk_slots
@@ -34,7 +34,7 @@ _I64, _F32, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 class Mat(ctypes.Structure):
     _fields_ = [("w", _P), ("scale", _P)] + [(n, _I64) for n in ("type", "rows", "cols", "head_stride",
-                                                                 "scale_head_stride")]
+                                                                 "scale_head_stride", "group")]
 
 
 class MlaLayerC(ctypes.Structure):
@@ -47,7 +47,7 @@ class MlaLayerC(ctypes.Structure):
 
 class FfnLayerC(ctypes.Structure):
     _fields_ = ([(n, _I64) for n in ("hidden", "n_experts", "top_k", "n_group", "topk_group", "inter", "norm_topk",
-                                     "softmax_router", "act_bf16", "wtype")]
+                                     "softmax_router", "act_bf16", "wtype", "group")]
                 + [("scaling", _F32), ("router", Mat), ("bias", _P), ("gate_up", _P), ("down", _P),
                    ("gu_scale", _P), ("down_scale", _P), ("s_gu", Mat), ("s_down", Mat)])
 
@@ -68,12 +68,16 @@ def _mat(w: torch.Tensor, heads: int = 1) -> Mat:
     if kw is None:
         raise Unsupported(f"weight {w.dtype}")
     values, scale, wtype = kw
-    rows, cols = values.shape[-2:]
-    if values.stride(-1) != 1 or values.stride(-2) != cols or cols % 16 or (scale is not None and scale.stride(-2) != 1):
+    rows, cols = w.shape[-2:]
+    if (values.stride(-1) != 1 or values.stride(-2) != values.shape[-1] or cols % 16
+            or (scale is not None and (scale.stride(-1) != 1 or scale.stride(-2) != scale.shape[-1]))):
         raise Unsupported("weight layout")
     head = values.stride(0) if values.dim() == 3 else 0
+    if kw.wtype == W_I4:  # the kernels step heads in codes, two a byte
+        head *= 2
     scale_head = scale.stride(0) if scale is not None and scale.dim() == 3 else 0
-    return Mat(values.data_ptr(), None if scale is None else scale.data_ptr(), wtype, rows, cols, head, scale_head)
+    return Mat(values.data_ptr(), None if scale is None else scale.data_ptr(), wtype, rows, cols, head, scale_head,
+               kw.group)
 
 
 def _vec(t: torch.Tensor, dtype: torch.dtype, size: int) -> int:
@@ -149,18 +153,20 @@ def _ffn_params(layer) -> tuple[FfnLayerC, list[torch.Tensor]]:
         if gate.has_context:
             raise Unsupported("context-aware router")
         gu, dn = kernel_weight(experts.gate_up_proj), kernel_weight(experts.down_proj)
-        if gu is None or dn is None or gu[2] != dn[2] or not all(t.is_contiguous() for t in (gu[0], dn[0])):
+        if gu is None or dn is None or gu.wtype != dn.wtype or gu.group != dn.group or not (gu.contiguous()
+                                                                                             and dn.contiguous()):
             raise Unsupported("expert weights")
         if experts.down_proj.shape[-1] % 16:
             raise Unsupported("expert width")
         p.n_experts, p.top_k, p.n_group, p.topk_group = gate.n_experts, gate.top_k, gate.n_group, gate.topk_group
         p.inter, p.norm_topk, p.softmax_router = experts.down_proj.shape[-1], int(gate.norm_topk_prob), int(gate.kind == "softmax")
-        p.scaling, p.wtype, p.router = gate.scaling, gu[2], _mat(gate.weight)
+        p.scaling, p.wtype, p.group, p.router = gate.scaling, gu.wtype, gu.group, _mat(gate.weight)
         E, D, inter = gate.n_experts, p.hidden, p.inter
         _expect(p.router, E, D)
         groups_ok = gate.n_group <= 1 or (E % gate.n_group == 0 and E // gate.n_group >= 2
                                           and gate.top_k <= E // gate.n_group * gate.topk_group)
-        if gu[0].shape != (E, 2 * inter, D) or dn[0].shape != (E, D, inter) or gate.top_k > E or not groups_ok:
+        if (experts.gate_up_proj.shape != (E, 2 * inter, D) or experts.down_proj.shape != (E, D, inter)
+                or gate.top_k > E or not groups_ok):
             raise Unsupported("expert shapes or groups")
         p.gate_up, p.down = gu[0].data_ptr(), dn[0].data_ptr()
         p.gu_scale = gu[1].data_ptr() if gu[1] is not None else None
