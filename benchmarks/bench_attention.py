@@ -45,8 +45,8 @@ def run_case(kind: str, n: int, threads: int) -> dict:
     """Runs inside the subprocess: build inputs, time the kernel once, report memory."""
     import torch
     torch.set_num_threads(threads)
-    from openglm.model.sparse import attention
     from openglm.model.glm5.sparse_dsa import dsa_attention
+    from openglm.model.sparse import attention
     from openglm.model.sparse_patterns import SparsePattern
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, H, n, D, generator=g) for _ in range(3))

@@ -28,6 +28,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+
 from machine import cpu_model  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
 
 PY = sys.executable

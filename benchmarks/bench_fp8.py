@@ -10,9 +10,9 @@ import argparse
 import json
 
 import torch
+from machine import cpu_model, median_time  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
 
 from openglm.model.fp8 import dequantize, quantize
-from machine import cpu_model, median_time  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
 
 
 def per_tile_matmul(x, q, scale, block, dtype):

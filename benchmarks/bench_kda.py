@@ -12,8 +12,8 @@ import argparse
 import json
 
 import torch
-
 from machine import cpu_model, isa, matmul_peak, median_time  # benchmarks/machine.py
+
 from openglm.model.glm5_next.kda import kda_chunked, kda_recurrent, l2_normalize
 
 

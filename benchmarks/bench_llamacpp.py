@@ -213,7 +213,6 @@ def main(argv=None) -> int:
 
 def benchmark(args, ap) -> int:
     import torch
-
     from llama_cpp_check import convert, write_tokenizer  # interop/: the same export + converter
     from machine import cpu_model, isa
 

@@ -108,6 +108,7 @@ def passkey_accuracy(model, text: np.ndarray, n: int, seed: int) -> float:
 
 def run(name: str, args, train_stream, val_stream, text_eval) -> dict:
     import torch
+
     from openglm.train import TrainConfig, train
     torch.set_num_threads(args.threads)
     overrides = dict(vocab_size=VOCAB, **RUNS[name])
@@ -200,6 +201,7 @@ def cpu_description() -> tuple[str, str]:
 def speed_model(mode: str, n: int, decode_steps: int):
     """(model, empty cache) of a mode, positions for n + decode_steps tokens, seed 0."""
     import torch
+
     from openglm.model import DynamicCache, ModelConfig, build_model
     if mode in ("dsa", "dense"):
         cfg = ModelConfig.from_preset("small", max_position_embeddings=n + decode_steps + 2)

@@ -33,13 +33,13 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-
 from machine import cpu_model, isa, matmul_peak, median_time, memory_bandwidth  # benchmarks/ is on sys.path
+
 from openglm.engine.quant import quantize_model
 from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig
+from openglm.model.glm5.decode_step import DecodePlan
 from openglm.model.isa import experts_path
 from openglm.model.moe import MLP, MoE
-from openglm.model.glm5.decode_step import DecodePlan
 from openglm.model.native import decode_paths, dsa_kernels
 from openglm.model.params import parameter_report
 from openglm.model.quantized import QuantizedWeight

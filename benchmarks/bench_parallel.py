@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
 from machine import cpu_model  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from machine import cpu_model, isa  # noqa: E402  benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
+
 from openglm.retrieval import code_index  # noqa: E402
 from openglm.retrieval.code_index import CodeIndex, fuse  # noqa: E402
 from openglm.retrieval.embedder import Embedder  # noqa: E402

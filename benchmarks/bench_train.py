@@ -16,7 +16,6 @@ import sys
 import time
 
 import torch
-
 from machine import matmul_peak  # benchmarks/machine.py (scripts run with benchmarks/ on sys.path)
 
 
@@ -51,10 +50,10 @@ def dense_twin(moe_cfg):
 
 def run(args) -> list[dict]:
     from openglm.model import ModelConfig
+    from openglm.train import dist
     from openglm.train.config import RECIPES, TrainConfig
     from openglm.train.demo import calibrate_steps
     from openglm.train.prepare import prepare_output, prepare_tokens
-    from openglm.train import dist
     from openglm.train.trainer import Trainer
 
     if args.threads:

@@ -13,7 +13,8 @@ import time
 
 import httpx
 
-from openglm.util.ports import AGENT_PORT as DEFAULT_PORT, AGENT_URL as DEFAULT_URL  # noqa: F401 (re-exported here)
+from openglm.util.ports import AGENT_PORT as DEFAULT_PORT  # noqa: F401 (re-exported here)
+from openglm.util.ports import AGENT_URL as DEFAULT_URL
 
 
 class GLMClientError(RuntimeError):

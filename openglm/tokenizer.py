@@ -199,8 +199,15 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.Pat
 
     Saves the Hugging Face files into `out_dir` when given; returns the loaded tokenizer.
     """
-    from tokenizers import (AddedToken, Tokenizer as HFTokenizer, decoders, models,  # heavy (Rust): loaded when training one
-                            pre_tokenizers, processors, trainers)
+    from tokenizers import (  # heavy (Rust): loaded when training one
+        AddedToken,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+    from tokenizers import Tokenizer as HFTokenizer
 
     if vocab_size < min_vocab_size():
         raise TokenizerError(

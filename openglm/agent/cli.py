@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from openglm.util.ports import AGENT_PORT as DEFAULT_PORT, AGENT_URL as DEFAULT_URL
+from openglm.util.ports import AGENT_PORT as DEFAULT_PORT
+from openglm.util.ports import AGENT_URL as DEFAULT_URL
 
 TASK_ID = "task id, as printed by `openglm task submit` (t-...)"
 

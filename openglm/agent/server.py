@@ -17,7 +17,6 @@ from openglm.util.http_limits import uvicorn_config
 from openglm.util.ports import AGENT_PORT as DEFAULT_PORT
 from openglm.util.sandbox import status as sandbox_status
 
-
 SUPERVISE_S = 1.0  # how often dead worker threads are looked for
 
 

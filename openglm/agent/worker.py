@@ -27,8 +27,8 @@ import psutil
 
 from openglm.agent.config import AgentConfig
 from openglm.agent.hooks import Hooks, load_hooks
-from openglm.agent.loop import TaskRun
 from openglm.agent.llm import ContextOverflowError, ModelError, ModelSpec, build_model
+from openglm.agent.loop import TaskRun
 from openglm.agent.policy import ToolCallingPolicy
 from openglm.agent.process import kill_leftover_commands
 from openglm.agent.service import clone_workspace
@@ -39,7 +39,6 @@ from openglm.agent.tools import ToolBox
 from openglm.agent.trust import resolve_model_spec
 from openglm.util.git import GitError
 from openglm.util.sandbox import Sandbox
-
 
 STORE_BACKOFF_MIN_S, STORE_BACKOFF_MAX_S = 0.5, 30.0
 PENDING_RETRY_S = 0.25  # how often a worker retries recording the PAUSED state a store fault interrupted

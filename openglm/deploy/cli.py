@@ -16,8 +16,14 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from openglm.deploy.config import (OPENGLM_DEFAULTS, DeployConfig, DeployConfigError, SessionCache, Speculative,
-                                   load_deploy_config)
+from openglm.deploy.config import (
+    OPENGLM_DEFAULTS,
+    DeployConfig,
+    DeployConfigError,
+    SessionCache,
+    Speculative,
+    load_deploy_config,
+)
 from openglm.server.limits import ServerLimits
 from openglm.util.auth import is_loopback
 from openglm.util.dtypes import argparse_dtype

@@ -14,8 +14,7 @@ import uvicorn
 from openglm.deploy.config import DeployConfig, engine_config, unused_fields
 from openglm.engine import LLMEngine
 from openglm.engine.model_runner import ModelRunner
-from openglm.engine.parallel import (BroadcastingModelRunner, check_shardable, exit_rank, follow_steps,
-                                     shard_for_serving)
+from openglm.engine.parallel import BroadcastingModelRunner, check_shardable, exit_rank, follow_steps, shard_for_serving
 from openglm.engine.quant import quantize_model
 from openglm.model.checkpoint import load_model, read_config, resolve_checkpoint
 from openglm.model.errors import ModelError

@@ -11,12 +11,18 @@ from pathlib import Path
 import torch
 
 from openglm.doctor.report import Check, error, info, ok, warn
-from openglm.model.checkpoint import (check_sizes_against_weights, checkpoint_dtype, read_config, read_config_json,
-                                      read_headers, shard_files)
+from openglm.model.checkpoint import (
+    check_sizes_against_weights,
+    checkpoint_dtype,
+    read_config,
+    read_config_json,
+    read_headers,
+    shard_files,
+)
 from openglm.model.config import ModelConfig, export_warnings
 from openglm.model.errors import MissingTensorError, ModelError
-from openglm.model.fp8 import SCALE_SUFFIX, parse_quantization_config
 from openglm.model.families import family_of
+from openglm.model.fp8 import SCALE_SUFFIX, parse_quantization_config
 from openglm.model.hf_names import HFNames, hf_name
 from openglm.model.model import build_model
 from openglm.tokenizer import Tokenizer, TokenizerError, tokenizer_folder

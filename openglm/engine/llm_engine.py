@@ -25,11 +25,11 @@ from openglm.engine.sampler import Sampler
 from openglm.engine.sampling_params import SamplingParams
 from openglm.engine.scheduler import Scheduler
 from openglm.engine.sequence import Sequence
-from openglm.engine.state_cache import StateSlots, hybrid_engine_config
 from openglm.engine.speculative import SpeculativeDecoder
+from openglm.engine.state_cache import StateSlots, hybrid_engine_config
 from openglm.engine.thinking import ThinkingBudget
-from openglm.tokenizer import Tokenizer
 from openglm.model.checkpoint import resolve_checkpoint  # a checkpoint, or a run folder's latest one
+from openglm.tokenizer import Tokenizer
 from openglm.util.threads import ThreadGovernor
 
 

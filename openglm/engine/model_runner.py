@@ -16,8 +16,8 @@ from openglm.engine.kv_cache import KVPool, PagedBatchCache
 from openglm.engine.quant import quantize_tensor
 from openglm.engine.sequence import Sequence
 from openglm.engine.state_cache import HybridBatchCache, StatePool, linear_layers
-from openglm.model.quantized import QuantizedWeight
 from openglm.model.derived import derived_weight
+from openglm.model.quantized import QuantizedWeight
 
 PAD_WASTE = 1.3  # a row may join a group when the padded size stays within 1.3x the real tokens
 

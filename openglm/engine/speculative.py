@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from openglm.engine.block_manager import BlockManager
-from openglm.engine.model_runner import MTPInputs, ModelRunner
+from openglm.engine.model_runner import ModelRunner, MTPInputs
 from openglm.engine.postprocess import RowResult
 from openglm.engine.sampler import Sampler
 from openglm.engine.sequence import Sequence

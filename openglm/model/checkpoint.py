@@ -25,9 +25,18 @@ from safetensors import SafetensorError, safe_open
 
 from openglm.model import fp8, int4
 from openglm.model.config import FP32_TENSORS, KEEP_FP32, ModelConfig
-from openglm.model.errors import (CheckpointError, CheckpointPathError, CheckpointTooLargeError, ConfigError,
-                                  CorruptShardError, MissingShardError, MissingTensorError, NonFiniteTensorError,
-                                  TensorDTypeError, UnexpectedTensorError)
+from openglm.model.errors import (
+    CheckpointError,
+    CheckpointPathError,
+    CheckpointTooLargeError,
+    ConfigError,
+    CorruptShardError,
+    MissingShardError,
+    MissingTensorError,
+    NonFiniteTensorError,
+    TensorDTypeError,
+    UnexpectedTensorError,
+)
 from openglm.model.families import family_of
 from openglm.model.hf_names import HFNames, extra_layer, hf_name
 from openglm.model.model import GlmMoeDsaForCausalLM, build_model

@@ -29,7 +29,7 @@ from openglm.model.config import ModelConfig
 from openglm.model.errors import TokenIdError
 from openglm.model.families import family_of
 from openglm.model.masks import key_validity
-from openglm.model.moe import MLP, MoE, Experts
+from openglm.model.moe import MLP, Experts, MoE
 from openglm.model.norm import RMSNorm
 from openglm.model.rope import RotaryEmbedding
 from openglm.model.router import Router

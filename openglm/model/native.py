@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import shlex
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile

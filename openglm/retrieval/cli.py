@@ -60,11 +60,10 @@ def register(subparsers):
 
 def _build(args) -> int:
     from dataclasses import asdict
+    from pathlib import Path
 
     from .code_index import CodeIndex  # FAISS + torch: loaded when the command runs
     from .embedder import Embedder
-
-    from pathlib import Path
 
     if not Path(args.path).is_dir():  # before loading the embedder
         print(f"error: repository path {args.path} does not exist or is not a directory", file=sys.stderr)

@@ -20,14 +20,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from openglm.engine.grammar import GrammarError
 from openglm.engine.llm_engine import PromptError
 from openglm.engine.sampling_params import SamplingParams, SamplingParamsError
+from openglm.server import render, responses, thinking, tokens
 from openglm.server.async_engine import AsyncEngine
 from openglm.server.errors import APIError
 from openglm.server.limits import ServerLimits
 from openglm.server.prepare import PrepareError, PrepareWorkers
 from openglm.server.protocol import ChatCompletionRequest, ChatTemplateKwargs, CompletionRequest
-from openglm.server import render, responses, thinking, tokens
 from openglm.server.structured import json_layout, request_grammar
-
 
 TOKENIZE_THREADS = 2  # request checks too slow for the event loop run here (schemas, token ids)
 

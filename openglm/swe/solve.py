@@ -26,8 +26,8 @@ from openglm.agent.store.sqlite_store import SQLiteStore
 from openglm.agent.worker import Worker
 from openglm.retrieval.spans import is_test_path
 from openglm.swe.harness.env import checkout
-from openglm.swe.harness.run import HarnessConfig, instance_venv
 from openglm.swe.harness.instances import load_predictions
+from openglm.swe.harness.run import HarnessConfig, instance_venv
 from openglm.swe.policy import factory
 from openglm.util.git import git
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from openglm.model.save import save_pretrained
 from openglm.model.errors import CheckpointError
+from openglm.model.save import save_pretrained
 from openglm.util.files import replace_dir, restore_replaced_dir, write_atomic
 
 STATE_FILE = "trainer_state.pt"

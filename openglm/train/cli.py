@@ -171,8 +171,8 @@ def _demo(args) -> int:
 
 def _guarded(fn) -> int:
     """Known input problems print one clear line instead of a traceback."""
-    from openglm.tokenizer import TokenizerError  # the error types live beside torch code: loaded when a command runs
     from openglm.model.errors import CheckpointError, ModelError
+    from openglm.tokenizer import TokenizerError  # the error types live beside torch code: loaded when a command runs
     from openglm.train.data import CorpusError
     from openglm.train.prepare import TrainSetupError
     from openglm.train.trainer import TrainingDiverged

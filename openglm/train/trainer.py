@@ -29,8 +29,16 @@ from openglm.train.checkpoint import load_trainer_state, rng_state, save_checkpo
 from openglm.train.config import TrainConfig
 from openglm.train.data import PackedBatcher, eval_windows
 from openglm.train.optim import build_optimizer, clip_grad_norm
-from openglm.train.prepare import (TrainSetupError, build_model_config, check_resume_compatible, check_vocab,
-                                   prepare_output, prepare_tokens, split_stream, stderr_log)
+from openglm.train.prepare import (
+    TrainSetupError,
+    build_model_config,
+    check_resume_compatible,
+    check_vocab,
+    prepare_output,
+    prepare_tokens,
+    split_stream,
+    stderr_log,
+)
 from openglm.train.schedule import lr_at
 from openglm.train.telemetry import MetricsLog
 from openglm.train.tracker import ROUTER_SUFFIX, StepTracker

@@ -11,11 +11,11 @@ import uuid
 
 import pytest
 import redis
+from testutil import free_port
 
 from openglm.agent.config import AgentConfig
 from openglm.agent.store.redis_store import RedisStore
 from openglm.agent.store.sqlite_store import SQLiteStore
-from testutil import free_port
 
 sys.path.insert(0, os.path.dirname(__file__))  # agent_testkit.py (tests use --import-mode=importlib)
 

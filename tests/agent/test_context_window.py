@@ -2,13 +2,14 @@
 steps record tool replies before user observations; a context overflow is recoverable."""
 
 import json
+
 import pytest
+from agent_testkit import call, turn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from test_glm_serve_e2e import check_openai_message_rules
 from testutil import serve_in_thread
 
-from agent_testkit import call, turn
-from test_glm_serve_e2e import check_openai_message_rules
 from openglm.agent import service
 from openglm.agent.llm import ContextOverflowError, ReplayModel
 from openglm.agent.llm.base import ModelResponse, ToolCall

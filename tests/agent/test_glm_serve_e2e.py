@@ -15,9 +15,9 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from glm_e2e_policy import FILE_TOOLS, FILES, FIRST_SUBMIT_STEP
 from testutil import free_port, openglm_serve, serve_in_thread, wait_healthy
 
-from glm_e2e_policy import FILE_TOOLS, FILES, FIRST_SUBMIT_STEP
 from openglm.client import GLMClient
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,6 @@ import time
 import uuid
 
 import pytest
-
 from agent_testkit import call, turn
 from test_snapshot import tree_of
 

@@ -3,13 +3,13 @@
 import json
 
 import pytest
-from testutil import serve_in_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from testutil import serve_in_thread
 
-from openglm.agent.policy import ToolCallingPolicy
 from openglm.agent.llm import FallbackModel, ModelError, ModelSpec, ReplayModel, build_model
 from openglm.agent.llm.openai_chat import OpenAIChatModel
+from openglm.agent.policy import ToolCallingPolicy
 
 
 @pytest.fixture(scope="module")

@@ -271,6 +271,7 @@ def test_queue_overflow_falls_back_to_a_full_add(tmp_path, workspace):
 
 def test_watch_limit_falls_back_to_full_adds(tmp_path, workspace, monkeypatch):
     import errno
+
     from inotify_simple import INotify
     snaps, first, full = watched(tmp_path, workspace, {"a.txt": "1"})
 

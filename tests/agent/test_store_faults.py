@@ -11,6 +11,7 @@ import uuid
 import pytest
 import redis
 from agent_testkit import call, turn
+from testutil import free_port
 
 from openglm.agent import service
 from openglm.agent.api import create_app
@@ -20,7 +21,6 @@ from openglm.agent.store import StoreCorrupt, StoreUnavailable
 from openglm.agent.store.redis_store import RedisStore
 from openglm.agent.store.sqlite_store import SQLiteStore
 from openglm.agent.worker import Worker
-from testutil import free_port
 
 TURNS = [turn(call("bash", command=f"echo step{i} >> log.txt")) for i in range(1, 4)] + [
     turn(call("submit", summary="done"))]

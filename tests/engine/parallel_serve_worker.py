@@ -5,11 +5,11 @@ import sys
 
 import torch
 
+from openglm.deploy.config import load_deploy_config
+from openglm.deploy.launch import build_engine
 from openglm.engine import SamplingParams
 from openglm.engine.model_runner import ModelRunner
 from openglm.engine.parallel import exit_rank, follow_steps
-from openglm.deploy.config import load_deploy_config
-from openglm.deploy.launch import build_engine
 
 PROMPTS = ["def fibonacci(n):", "def fibonacci(n):\n    if n < 2:", "import os\n\nclass Stack:\n    def push(self, x):" * 3,
            "x = 1"]

@@ -4,10 +4,10 @@ hits, preemption and speculative drafts that are rejected."""
 
 import pytest
 import torch
+from testutil import run_requests
 
 from openglm.engine import EngineConfig, LLMEngine, SamplingParams
 from openglm.model.context_router import ContextRouter
-from testutil import run_requests
 
 NEW_TOKENS = 20
 PROMPT_LENGTHS = (3, 11, 29, 40)

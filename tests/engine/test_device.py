@@ -105,7 +105,6 @@ def test_cuda_engine_matches_the_models_greedy_on_cuda(tiny_checkpoint):
 @pytest.mark.gpu
 def test_cuda_server_answers_with_the_kernels(tiny_checkpoint):
     import httpx
-
     from testutil import openglm_serve
 
     with openglm_serve(tiny_checkpoint, "--device", "cuda") as url:

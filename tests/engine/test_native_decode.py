@@ -4,6 +4,7 @@ torch path's tokens: batched sequences of different lengths, chunked prefill, sh
 
 import pytest
 import torch
+from testutil import run_requests
 
 from openglm.engine import EngineConfig, LLMEngine, SamplingParams
 from openglm.engine.model_runner import ModelRunner, StepInputs
@@ -11,7 +12,6 @@ from openglm.model import load_model
 from openglm.model.glm5.decode_step import DecodePlan
 from openglm.model.native import decode_kernels
 from openglm.tokenizer import Tokenizer
-from testutil import run_requests
 
 CREATE = DecodePlan.create.__func__
 

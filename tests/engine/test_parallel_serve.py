@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from testutil import free_port
 
-from openglm.engine import EngineConfig, LLMEngine
-from openglm.model.parallel import LayoutError
 from openglm.deploy.config import load_deploy_config
 from openglm.deploy.launch import build_engine
-from testutil import free_port
+from openglm.engine import EngineConfig, LLMEngine
+from openglm.model.parallel import LayoutError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from parallel_serve_worker import PROMPTS, generate  # noqa: E402

@@ -6,10 +6,10 @@ chunked prefill, with prefix-cache hits, and under KV-pool pressure that forces 
 
 import pytest
 import torch
+from testutil import run_requests
 
 from openglm.engine import EngineConfig, LLMEngine, SamplingParams
 from openglm.tokenizer import Tokenizer
-from testutil import run_requests
 
 NEW_TOKENS = 32
 PROMPT_LENGTHS = (3, 11, 29, 47, 70)

@@ -3,7 +3,6 @@ they have been idle longer than the TTL."""
 
 from openglm.engine import LLM, SamplingParams
 
-
 # thinking off: the generation prompt `<|assistant|></think>` is how the answered turn renders next
 # time, so a turn's prompt is a prefix of the next one (with thinking on it ends `<think>` instead)
 NO_THINK = {"enable_thinking": False}

@@ -7,7 +7,6 @@ import torch
 
 from openglm.model import GlmMoeDsaForCausalLM, ModelConfig
 
-
 HF_CLASSES = {"glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM"),
               "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
               "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM")}

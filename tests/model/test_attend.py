@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from openglm.model.glm5 import sparse_dsa
 from openglm.model.attend import attend_dense
-from openglm.model.masks import visible_mask
+from openglm.model.glm5 import sparse_dsa
 from openglm.model.glm5.sparse_dsa import gather_attention
+from openglm.model.masks import visible_mask
 
 
 def naive(q, k, v, allowed, scale):

@@ -12,8 +12,8 @@ import torch
 from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, load_model, save_pretrained
 from openglm.model.cache import DynamicCache
 from openglm.model.context_router import ContextRouter, windowed_summary
-from openglm.model.glm5.decode_step import DecodePlan
 from openglm.model.errors import ConfigError
+from openglm.model.glm5.decode_step import DecodePlan
 
 
 def context_model(seed=0, scale=2.0, **overrides) -> GlmMoeDsaForCausalLM:

@@ -165,8 +165,8 @@ def test_pooled_selection_equals_the_transformers_indexer(kpool, tail):
     Glm5NextTextIndexer, on a left-padded batch and with few index heads (exact zero-score ties are common)."""
     from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextIndexer
 
-    from openglm.model.glm5_next.attention import PooledIndexer
     from openglm.model.glm5.sparse_dsa import pooled_topk_slots
+    from openglm.model.glm5_next.attention import PooledIndexer
 
     cfg = config(index_kpool=kpool, index_topk=2 * kpool, index_kpool_always_select_tail=tail, index_n_heads=2)
     torch.manual_seed(kpool)

@@ -48,8 +48,10 @@ def test_chunked_gradients_equal_recurrent_ones():
 
 
 def test_both_forms_equal_transformers_reference_functions():
-    from transformers.models.glm5_next.modeling_glm5_next import (chunk_kimi_delta_attention,
-                                                                  recurrent_kimi_delta_attention)
+    from transformers.models.glm5_next.modeling_glm5_next import (
+        chunk_kimi_delta_attention,
+        recurrent_kimi_delta_attention,
+    )
 
     g = torch.Generator().manual_seed(2)
     B, T, H, d = 2, 70, 2, 16

@@ -17,10 +17,21 @@ from safetensors.torch import load_file, save_file
 
 from openglm.model import GlmMoeDsaForCausalLM, ModelConfig, load_model, save_pretrained
 from openglm.model import checkpoint as ckpt
-from openglm.model.errors import (CheckpointError, CheckpointPathError, CheckpointTooLargeError, ConfigError,
-                                  CorruptShardError, MissingShardError, MissingTensorError, NonFiniteTensorError,
-                                  QuantizationError, ShapeMismatchError, TensorDTypeError, UnexpectedTensorError,
-                                  UnknownModelTypeError)
+from openglm.model.errors import (
+    CheckpointError,
+    CheckpointPathError,
+    CheckpointTooLargeError,
+    ConfigError,
+    CorruptShardError,
+    MissingShardError,
+    MissingTensorError,
+    NonFiniteTensorError,
+    QuantizationError,
+    ShapeMismatchError,
+    TensorDTypeError,
+    UnexpectedTensorError,
+    UnknownModelTypeError,
+)
 
 VICTIM = "model.layers.1.mlp.experts.3.up_proj.weight"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "model.md"

@@ -9,10 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from openglm.engine.quant import quantize_tensor
-from openglm.model.native import swiglu, swiglu_ok
-from openglm.model.native import heads_linear, linear
+from openglm.model.native import heads_linear, linear, swiglu, swiglu_ok
 from openglm.model.quantized import QuantizedWeight
-
 
 
 def _weight(*shape, dtype=torch.bfloat16, kind="int8", seed=0):

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from openglm.model.sparse import attention, mla_absorbed
 from openglm.model.glm5.sparse_dsa import dsa_attention, gather_attention, indexer_topk
+from openglm.model.sparse import attention, mla_absorbed
 from openglm.model.sparse_patterns import SparsePattern, allowed, candidates, key_positions, random_positions
 
 TOL = dict(atol=1e-5, rtol=1e-5)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from openglm.swe.policy.tools import CHECKS, PHASE_TOOLS, parse_check
 from openglm.retrieval.code_index import CodeIndex, search_repository
+from openglm.swe.policy.tools import CHECKS, PHASE_TOOLS, parse_check
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,9 +1,9 @@
 """Chunk boundaries on real standard-library files."""
 
 import ast
-import json.decoder
-import functools
 import dataclasses
+import functools
+import json.decoder
 import textwrap
 import typing
 from pathlib import Path

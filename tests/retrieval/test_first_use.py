@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from openglm.cli import main
-from openglm.retrieval import code_index, embedder as embedder_module
+from openglm.retrieval import code_index
+from openglm.retrieval import embedder as embedder_module
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 import httpx
 import pytest
-
 from openai import AuthenticationError, BadRequestError, NotFoundError, OpenAI
 
 from openglm.server.limits import ServerLimits

@@ -131,10 +131,10 @@ def test_reasoning_is_accepted_back_in_assistant_messages(plain):
 def glm46(checkpoint, tmp_path_factory, start_server):
     """The same weights behind GLM-4.6's published template (its prompt leaves the <think> to the model)."""
     import uvicorn  # noqa: F401 - start_server's dependency, imported here for a clear skip-free failure
+    from testutil import serve_in_thread
 
     from openglm.engine import EngineConfig, LLMEngine
     from openglm.server.app import create_app
-    from testutil import serve_in_thread
 
     folder = tmp_path_factory.mktemp("glm46") / "tiny"
     shutil.copytree(checkpoint, folder)

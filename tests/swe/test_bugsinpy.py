@@ -9,8 +9,16 @@ from __future__ import annotations
 import json
 import shutil
 
-from openglm.swe.gen.bugsinpy import (BugsInPyConfig, _hunk_old_lines, build, clean_requirements,
-                                      failing_requirement, node_ids, read_bug, relax)
+from openglm.swe.gen.bugsinpy import (
+    BugsInPyConfig,
+    _hunk_old_lines,
+    build,
+    clean_requirements,
+    failing_requirement,
+    node_ids,
+    read_bug,
+    relax,
+)
 from openglm.swe.harness import HarnessConfig, run_evaluation
 from openglm.swe.harness.instances import load_instances, load_predictions
 

@@ -8,8 +8,8 @@ import ast
 import json
 import textwrap
 
-from openglm.swe.gen.generate import GenConfig, PackageMiner, export_queries
 from openglm.retrieval.spans import functions_with_qualnames
+from openglm.swe.gen.generate import GenConfig, PackageMiner, export_queries
 from openglm.swe.gen.mutate import mutations_of
 from openglm.swe.gen.packages import PackageSpec
 from openglm.swe.harness import HarnessConfig, run_evaluation

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 from openglm.swe.harness import HarnessConfig, run_evaluation
-from openglm.swe.harness.instances import load_instances, load_predictions
 from openglm.swe.harness import run as harness_run
+from openglm.swe.harness.instances import load_instances, load_predictions
 
 
 def _config(tmp_path, repos, run_id):

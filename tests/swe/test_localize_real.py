@@ -16,13 +16,12 @@ import venv
 from pathlib import Path
 
 import pytest
+from bugsinpy_fixture import BUGS
 
 from openglm.cli import main
-from openglm.util.git import git
 from openglm.swe.localize import LocalizeConfig, localize
 from openglm.swe.testrun import InterpreterError, resolve_python
-
-from bugsinpy_fixture import BUGS
+from openglm.util.git import git
 
 
 def checkout_bug(repos: Path, number: int, dest: Path) -> Path:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from openglm.swe.repomap import import_graph, impact, module_name, repo_map
 from openglm.retrieval.spans import FunctionIndex
+from openglm.swe.repomap import impact, import_graph, module_name, repo_map
 
 FILES = {
     "pyproject.toml": '[project]\nname = "pkg"\n[project.scripts]\npkg = "pkg.cli:main"\n',

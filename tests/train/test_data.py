@@ -3,8 +3,15 @@ import json
 import numpy as np
 import pytest
 
-from openglm.train.data import (CorpusError, PackedBatcher, eval_windows, load_documents, split_documents,
-                                tokenize_documents, unigram_loss)
+from openglm.train.data import (
+    CorpusError,
+    PackedBatcher,
+    eval_windows,
+    load_documents,
+    split_documents,
+    tokenize_documents,
+    unigram_loss,
+)
 
 
 def test_folder_corpus_skips_binary_and_splits_deterministically(corpus_dir):

@@ -9,8 +9,18 @@ from torch import nn
 
 from openglm.model.router import Routing
 from openglm.train.code_context import CONTEXT, LEXICAL
-from openglm.train.routing_eval import (LabelledWindows, balance, capture_routing, category_load, context_decided,
-                                        evaluate_routing, labelled_windows, lookup_accuracy, nmi, routing_features)
+from openglm.train.routing_eval import (
+    LabelledWindows,
+    balance,
+    capture_routing,
+    category_load,
+    context_decided,
+    evaluate_routing,
+    labelled_windows,
+    lookup_accuracy,
+    nmi,
+    routing_features,
+)
 
 
 def test_lookup_accuracy_by_hand():

@@ -1,7 +1,14 @@
 import pytest
 
-from openglm.tokenizer import (CHAT_TEMPLATE, MARKERS, SPECIAL_TOKENS, Tokenizer, TokenizerError, min_vocab_size,
-                               train_tokenizer)
+from openglm.tokenizer import (
+    CHAT_TEMPLATE,
+    MARKERS,
+    SPECIAL_TOKENS,
+    Tokenizer,
+    TokenizerError,
+    min_vocab_size,
+    train_tokenizer,
+)
 
 TEXT = 'def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)  # ünïcode ✓\n'
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"},

@@ -9,8 +9,16 @@ import uuid
 import pytest
 
 from openglm.util import proc
-from openglm.util.sandbox import (Sandbox, SandboxConfig, SandboxUnavailable, kill_cgroup, kill_namespace,
-                                  namespace_init, probe, status)
+from openglm.util.sandbox import (
+    Sandbox,
+    SandboxConfig,
+    SandboxUnavailable,
+    kill_cgroup,
+    kill_namespace,
+    namespace_init,
+    probe,
+    status,
+)
 
 
 @pytest.fixture

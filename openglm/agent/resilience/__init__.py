@@ -10,8 +10,17 @@ hooks), `metrics` (Prometheus) and `routes` (the budget route).
 """
 
 from .budget import BudgetExceeded, BudgetTracker, raise_budget
-from .config import (Action, BudgetConfig, LadderConfig, LadderPolicy, Level, MonitorConfig, ResilienceConfig,
-                     StuckConfig, Threshold)
+from .config import (
+                     Action,
+                     BudgetConfig,
+                     LadderConfig,
+                     LadderPolicy,
+                     Level,
+                     MonitorConfig,
+                     ResilienceConfig,
+                     StuckConfig,
+                     Threshold,
+)
 from .hooks import ResilienceHooks
 from .ladder import ClassifiedError, Decision, Escalation, Failure, RecoveryLadder, classify, retry_call
 from .leak import LeakDetector, theil_sen

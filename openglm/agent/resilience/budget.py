@@ -13,7 +13,6 @@ from openglm.agent.task import TERMINAL, ConstraintError, TaskState, parse_const
 
 from .config import BudgetConfig
 
-
 # USD per million tokens (input, output). Local models cost nothing; callers add their providers.
 DEFAULT_PRICES: dict[str, tuple[float, float]] = {}
 

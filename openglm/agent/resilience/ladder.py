@@ -22,7 +22,6 @@ from typing import Callable
 
 from .config import LadderConfig, LadderPolicy, Level
 
-
 # Errors re-raised as text (e.g. the runtime's ModelError) still carry their status or transport failure.
 HTTP_STATUS = re.compile(r"\bHTTP (\d{3})\b")
 TRANSPORT = re.compile(r"timed? ?out|timeout|connect(ion)? ?(error|refused|reset)|remote ?protocol|"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-
 # Reading field -> (metric name, help)
 GAUGES = {
     "cpu_percent": ("openglm_task_cpu_percent", "CPU of the task's process tree, percent of its allotment"),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-
 OPEN, DONE, FAILED, DROPPED = "open", "done", "failed", "dropped"
 
 

@@ -1,7 +1,15 @@
 """Task stores: one interface (`Store`), SQLite and Redis implementations."""
 
-from openglm.agent.store.base import (Event, LeaseLost, StateConflict, Store, StoreCorrupt, StoreError,
-                                      StoreUnavailable, TaskNotFound)
+from openglm.agent.store.base import (
+    Event,
+    LeaseLost,
+    StateConflict,
+    Store,
+    StoreCorrupt,
+    StoreError,
+    StoreUnavailable,
+    TaskNotFound,
+)
 from openglm.agent.store.redis_store import RedisStore
 from openglm.agent.store.sqlite_store import SQLiteStore
 

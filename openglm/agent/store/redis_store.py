@@ -23,8 +23,16 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from openglm.agent.faults import crashpoint
-from openglm.agent.store.base import (Event, LeaseLost, StateConflict, Store, StoreUnavailable, TaskNotFound,
-                                      event_from_json, event_json)
+from openglm.agent.store.base import (
+    Event,
+    LeaseLost,
+    StateConflict,
+    Store,
+    StoreUnavailable,
+    TaskNotFound,
+    event_from_json,
+    event_json,
+)
 from openglm.agent.task import Task
 
 # KEYS: task hash, events list, active zset. ARGV: worker fence ('' = none), expected states

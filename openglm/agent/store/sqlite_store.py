@@ -26,8 +26,17 @@ import time
 from contextlib import contextmanager
 
 from openglm.agent.faults import crashpoint
-from openglm.agent.store.base import (Event, LeaseLost, StateConflict, Store, StoreCorrupt, StoreUnavailable,
-                                      TaskNotFound, event_from_json, event_json)
+from openglm.agent.store.base import (
+    Event,
+    LeaseLost,
+    StateConflict,
+    Store,
+    StoreCorrupt,
+    StoreUnavailable,
+    TaskNotFound,
+    event_from_json,
+    event_json,
+)
 from openglm.agent.task import Task, TaskState
 
 _SCHEMA = """

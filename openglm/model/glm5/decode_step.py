@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from torch.nn.modules import module as torch_module  # its registry of hooks on every module
 
 from openglm.model.cache import DecodeRows
+from openglm.model.derived import derived_weight, fused_rows
+from openglm.model.glm5.sparse_dsa import topk_slots
 from openglm.model.moe import MLP, Experts, MoE
 from openglm.model.native import W_I4, check, decode_kernels, decode_limits, kernel_weight
 from openglm.model.quantized import QuantizedWeight
-from openglm.model.derived import derived_weight, fused_rows
-from openglm.model.glm5.sparse_dsa import topk_slots
 
 _I64, _F32, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from openglm.model.glm5.mla import MLAttention
 from openglm.model.attend import attend_latent
 from openglm.model.config import ModelConfig
 from openglm.model.glm5.indexer import Indexer
+from openglm.model.glm5.mla import MLAttention
 from openglm.model.glm5.sparse_dsa import gather_attention, pooled_topk_slots
 
 

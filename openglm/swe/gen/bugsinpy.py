@@ -37,12 +37,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from openglm.retrieval.spans import functions_in_source, is_test_path
-from openglm.util.git import GitError, git
 from openglm.swe.harness.env import EnvBuildError, dependency_env, pip_install, source_repo
 from openglm.swe.harness.run import HarnessConfig, Sandbox, pytest_command
 from openglm.swe.logparse import parse_log, test_passed
 from openglm.swe.testrun import run_command
 from openglm.util.files import write_atomic
+from openglm.util.git import GitError, git
 
 BUILDER_VERSION = 1  # bump when the rules change, so cached per-bug outcomes are not reused
 MAX_IMPORT_RELAXES = 8  # pins unpinned per bug because their code fails to import on this Python

@@ -18,8 +18,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from openglm.swe.harness.env import (EnvBuildError, apply_patch, checkout, dependency_env, first_error, make_venv,
-                                     run_in_venv)
+from openglm.swe.harness.env import (
+    EnvBuildError,
+    apply_patch,
+    checkout,
+    dependency_env,
+    first_error,
+    make_venv,
+    run_in_venv,
+)
 from openglm.swe.harness.grading import instance_report
 from openglm.swe.logparse import parse_log
 from openglm.swe.testrun import is_test_module

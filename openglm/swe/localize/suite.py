@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from openglm.util.git import git
 from openglm.swe.testrun import TestRun
+from openglm.util.git import git
 
 
 def named_matches(run: TestRun, named: list[str]) -> tuple[list[str], list[str], list[str]]:

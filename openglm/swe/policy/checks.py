@@ -28,7 +28,8 @@ def repomap(req: dict) -> None:
 
 
 def localize(req: dict) -> None:
-    from openglm.swe.localize import LocalizeConfig, localize as run  # runs tests with coverage
+    from openglm.swe.localize import LocalizeConfig  # runs tests with coverage
+    from openglm.swe.localize import localize as run
 
     out = run(".", req.get("failing_tests", []), issue=req.get("issue", ""), config=LocalizeConfig(top=10))
     top = {level: [x["location"] for x in out["combined"][level][:5]] for level in ("files", "functions", "lines")}
@@ -48,7 +49,8 @@ def search(req: dict) -> None:
 
 
 def bisect(req: dict) -> None:
-    from openglm.swe.bisect import BisectRefused, bisect as run  # only for this check
+    from openglm.swe.bisect import BisectRefused  # only for this check
+    from openglm.swe.bisect import bisect as run
 
     try:
         out = run(".", req["good"], req["command"], bad=req.get("bad", "HEAD"))

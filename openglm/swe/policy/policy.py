@@ -14,12 +14,12 @@ from __future__ import annotations
 import copy
 import json
 
-from openglm.agent.policy import ToolCallingPolicy
 from openglm.agent.llm.base import ToolCall
+from openglm.agent.policy import ToolCallingPolicy
+from openglm.agent.resilience import Failure, Level, RecoveryLadder
 from openglm.swe.policy import prompts
 from openglm.swe.policy.config import PHASES, SWEPolicyConfig
 from openglm.swe.policy.tools import CHECKS, PHASE_TOOLS, check_call, echo_call, parse_check
-from openglm.agent.resilience import Failure, Level, RecoveryLadder
 from openglm.swe.repomap import render, repo_map
 
 REPOMAP_ID = "openglm-repomap"

@@ -6,8 +6,16 @@ from helpers import FaultServer
 
 from openglm.agent.llm import FallbackModel, ModelError
 from openglm.agent.llm.openai_chat import OpenAIChatModel
-from openglm.agent.resilience import (Escalation, Failure, LadderConfig, LadderPolicy, Level, RecoveryLadder,
-                                      classify, retry_call)
+from openglm.agent.resilience import (
+    Escalation,
+    Failure,
+    LadderConfig,
+    LadderPolicy,
+    Level,
+    RecoveryLadder,
+    classify,
+    retry_call,
+)
 
 
 def _levels(ladder, error_class, n, **kw):

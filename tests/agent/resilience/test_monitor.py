@@ -5,7 +5,6 @@ import shutil
 import subprocess
 
 import psutil
-
 from helpers import HOG, IDLE, FaultServer, py, wait_for
 
 from openglm.agent.resilience import Action, MonitorConfig, ResilienceMetrics, ResourceMonitor, Threshold

@@ -2,8 +2,16 @@
 
 import pytest
 
-from openglm.agent.resilience import (BudgetConfig, BudgetTracker, GoalTree, StepDigest, StuckConfig, StuckDetector,
-                                      condense_loop, parse_plan)
+from openglm.agent.resilience import (
+    BudgetConfig,
+    BudgetTracker,
+    GoalTree,
+    StepDigest,
+    StuckConfig,
+    StuckDetector,
+    condense_loop,
+    parse_plan,
+)
 
 
 def _feed(det, steps):
