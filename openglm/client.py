@@ -1,4 +1,4 @@
-"""Python client for the openglm agent task API — the write-up's `GLMClient` (001 §6.2):
+"""Python client for the openglm agent task API — the write-ups' `GLMClient` interface:
 
     client = GLMClient("http://localhost:8100")          # `openglm agent-server`'s default port
     task_id = client.submit_long_task(objective="...", constraints={"timeout": "8h", ...})

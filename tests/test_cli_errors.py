@@ -1,4 +1,4 @@
-"""User errors are one line, no traceback; `--debug` shows it; the client has its own error type (issue 20)."""
+"""User errors are one line, no traceback; `--debug` shows it; the client has its own error type."""
 
 import subprocess
 import sys

@@ -1,4 +1,4 @@
-"""Every flag and positional argument of every `openglm` command documents itself (issue 20)."""
+"""Every flag and positional argument of every `openglm` command documents itself."""
 
 import argparse
 import re

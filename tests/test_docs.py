@@ -1,4 +1,4 @@
-"""The docs run: every ```bash / ```python block in README.md and docs/*.md is executed as written (issue 20).
+"""The docs run: every ```bash / ```python block in README.md and docs/*.md is executed as written.
 
 The rule (BRIEF, "Docs code blocks"): a fenced block whose info string is `bash` or `python` runs from the
 repository root with a temporary HOME and output folder, the venv's `openglm` and `python` first on PATH;

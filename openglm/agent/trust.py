@@ -1,4 +1,4 @@
-"""What a task submitted over the API may ask of the server's model set-up (issue 17).
+"""What a task submitted over the API may ask of the server's model set-up.
 
 A per-task model spec is untrusted input: it never carries a key (a key would be stored in the
 task record and echoed by `GET /v1/tasks/{id}`): it names an environment variable of the server

@@ -2,7 +2,7 @@
 
 Expert load is measured as each expert's *token share*: the fraction of the layer's tokens that
 picked the expert among their top-k (counts / (routed assignments / k)). A balanced layer gives
-every expert k / n_experts; a collapsed one has an expert near 1.0 and others near 0 (write-up 000:
+every expert k / n_experts; a collapsed one has an expert near 1.0 and others near 0 (the write-ups' symptom:
 "some experts > 90% utilised while others < 10%").
 """
 

@@ -1,4 +1,4 @@
-"""Defects a first user hit in the agent runtime (issue 20): task records, deliverables, the README example."""
+"""Defects a first user hit in the agent runtime: task records, deliverables, the README example."""
 
 import os
 import re

@@ -1,4 +1,4 @@
-"""Issue 17's store repros: a full disk, a corrupt file, a Redis restart and a dead worker thread
+"""Store faults: a full disk, a corrupt file, a Redis restart and a dead worker thread
 never kill the runtime silently, never fail a task by a blip, and never leave half a task."""
 
 import shutil

@@ -1,4 +1,4 @@
-"""Issue 17's secrets repros: a per-task model key is never stored or echoed, and no API client can
+"""Secrets: a per-task model key is never stored or echoed, and no API client can
 point a task at an arbitrary base_url or make the server read an arbitrary replay file."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""`openglm index` on the odd files of a real checkout (issue 20): pipes, unreadable files, non-UTF-8 names."""
+"""`openglm index` on the odd files of a real checkout: pipes, unreadable files, non-UTF-8 names."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Issue 17's repros against a live server: nothing one client sends may harm another."""
+"""Hostile clients against a live server: nothing one client sends may harm another."""
 
 import asyncio
 import os

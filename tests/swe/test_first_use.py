@@ -1,4 +1,4 @@
-"""`openglm localize` / `openglm verify` as a first user calls them (issue 20)."""
+"""`openglm localize` / `openglm verify` as a first user calls them."""
 
 import json
 import textwrap

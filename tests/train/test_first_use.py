@@ -1,4 +1,4 @@
-"""Defects a first user hit in training (issue 20): the tiny preset, resume curves, crash-safe saves."""
+"""Defects a first user hit in training: the tiny preset, resume curves, crash-safe saves."""
 
 import json
 import os

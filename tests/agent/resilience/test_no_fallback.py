@@ -1,4 +1,4 @@
-"""Without a fallback model the ladder's messages say so (issue 20): no claim of a fallback that does not exist."""
+"""Without a fallback model the ladder's messages say so: no claim of a fallback that does not exist."""
 
 from types import SimpleNamespace
 
