@@ -10,6 +10,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def closed_by_server(s: socket.socket) -> bool:
+    """Whether the server closed (or reset) this client socket: read without waiting."""
+    s.settimeout(0.01)
+    try:
+        return s.recv(100) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
 def serve_in_thread(app):
     """Serve an ASGI app with uvicorn on a free loopback port in a daemon thread: (base URL, stop)."""
     import threading

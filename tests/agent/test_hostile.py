@@ -19,7 +19,7 @@ import pytest
 import uvicorn
 from agent_testkit import ScriptedModel, call, make_worker, turn
 from fastapi.testclient import TestClient
-from testutil import free_port
+from testutil import closed_by_server, free_port
 
 from openglm.agent import service
 from openglm.agent.api import AGENT_LIMITS, create_app
@@ -351,16 +351,6 @@ def test_slow_connections_do_not_take_the_places_of_ready_requests(start_live):
     finally:
         for s in slow:
             s.close()
-
-
-def closed_by_server(s: socket.socket) -> bool:
-    s.settimeout(0.01)
-    try:
-        return s.recv(100) == b""
-    except ConnectionResetError:
-        return True
-    except socket.timeout:
-        return False
 
 
 def test_a_request_head_trickled_forever_is_dropped(live):

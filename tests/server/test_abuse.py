@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import requests
-from testutil import free_port, wait_healthy
+from testutil import closed_by_server, free_port, wait_healthy
 
 from openglm.server.limits import ServerLimits
 from openglm.tokenizer import CHAT_TEMPLATE
@@ -351,16 +351,6 @@ def test_slow_connections_do_not_take_the_places_of_ready_requests(start_server)
     finally:
         for s in slow:
             s.close()
-
-
-def closed_by_server(s: socket.socket) -> bool:
-    s.settimeout(0.01)
-    try:
-        return s.recv(100) == b""
-    except ConnectionResetError:
-        return True
-    except socket.timeout:
-        return False
 
 
 def test_an_11_mb_body_is_a_413_that_urllib_and_requests_read(start_server):
