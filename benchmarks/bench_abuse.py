@@ -386,7 +386,8 @@ def main() -> int:
     hostile_total = sum(abuse.hostile.values())
     print(f"\nbench_abuse  CPU: {cpu_model()}  ({os.cpu_count()} cores)  server threads: {args.threads}  "
           f"clients: {args.clients}  anchor {args.anchor_seconds:g} s, abuse {args.seconds:g} s\n")
-    print("| run | benign requests | benign failed | benign p50 s | benign p99 s | hostile requests | /health p99 ms | /health max ms |")
+    print("| run | benign requests | benign failed | benign p50 s | benign p99 s | hostile requests | "
+          "/health p99 ms | /health max ms |")
     print("|---|---|---|---|---|---|---|---|")
     for name, r in (("benign only (anchor)", anchor), ("benign + hostile", abuse)):
         print(f"| {name} | {len(r.latencies)} | {len(r.benign_failed)} | {pct(r.latencies, 50):.3f} | "

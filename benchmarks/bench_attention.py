@@ -6,9 +6,10 @@ DSA-gather (top-2048; lightning indexer 4 heads x 32 dims, GLM-5's ratio to the 
 for the real indexer's FP8, and the weighted sum of the selected values in bf16; the q.k scores and the
 softmax stay fp32), local+global+random (512 / every 64th / 64 random),
 sliding window 4096. DSA-gather uses its native (C) kernels where a C compiler is available; its note says
-which path ran (`OPENGLM_DSA_NATIVE=0` forces the torch-op path). Each case runs in its own subprocess and reports its wall time and the process's peak RSS
-(ru_maxrss); "attn MiB" is that peak minus the RSS after the inputs were built. Materialised attention is only
-run where its score matrix is small; elsewhere its analytic size (H x N x N x 4 bytes) is reported instead.
+which path ran (`OPENGLM_DSA_NATIVE=0` forces the torch-op path). Each case runs in its own subprocess and
+reports its wall time and the process's peak RSS (ru_maxrss); "attn MiB" is that peak minus the RSS after the
+inputs were built. Materialised attention is only run where its score matrix is small; elsewhere its analytic
+size (H x N x N x 4 bytes) is reported instead.
 
     flock /tmp/openglm-bench.lock .venv/bin/python benchmarks/bench_attention.py [--json] [--lengths 4096,8192]
 """

@@ -64,8 +64,10 @@ class Soak:
         with open(script, "w") as f:
             for i in range(1, steps + 1):
                 cmd = f"echo {i} >> steps.txt; (bash -c 'exec -a {self.marker} sleep 30' &); sleep 0.05"
-                f.write(json.dumps({"content": "", "tool_calls": [{"name": "bash", "arguments": {"command": cmd}}]}) + "\n")
-            f.write(json.dumps({"content": "", "tool_calls": [{"name": "submit", "arguments": {"summary": "ok"}}]}) + "\n")
+                f.write(json.dumps({"content": "", "tool_calls": [{"name": "bash", "arguments": {"command": cmd}}]})
+                        + "\n")
+            f.write(json.dumps({"content": "", "tool_calls": [{"name": "submit", "arguments": {"summary": "ok"}}]})
+                    + "\n")
         self.script = script
         self.workers: list[subprocess.Popen] = []
         self.events: list[str] = []
@@ -146,7 +148,8 @@ class Soak:
         store = open_store(self.store_url)
         task = store.get_task(self.task_id)
         committed = [e.step for e in store.all_events(self.task_id) if e.kind == "step_committed"]
-        lines = [int(x) for x in (self.ws / "steps.txt").read_text().split()] if (self.ws / "steps.txt").exists() else []
+        lines = ([int(x) for x in (self.ws / "steps.txt").read_text().split()]
+                 if (self.ws / "steps.txt").exists() else [])
         expected = list(range(1, self.steps + 1))
         return {"run": name, "state": task.state, "seconds": seconds,
                 "lost": len(set(range(0, self.steps + 2)) - set(committed)) + len(set(expected) - set(lines)),
@@ -170,7 +173,8 @@ def sqlite_run(root: Path, steps: int) -> dict:
 
     mnt = root / "store-fs"
     mnt.mkdir()
-    tmpfs = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True).returncode == 0
+    tmpfs = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)],
+                           capture_output=True).returncode == 0
     db = mnt / "agent.db"
     soak = Soak(root, str(db), steps, lambda: SQLiteStore(str(db)))
     soak.events.append("store on a 24 MB tmpfs" if tmpfs else "store on disk (not root: no tmpfs)")
@@ -274,11 +278,13 @@ def main() -> int:
                 results.append(run(Path(tmp), args.steps))
     print(f"\nbench_fault_soak  CPU: {cpu_model()} ({os.cpu_count()} cores)  steps: {args.steps}  workers: 3  "
           f"lease: {LEASE} s\n")
-    print("| store | task | seconds | steps lost | steps repeated | step file exact | orphans 1 s after each SIGKILL | orphans at end |")
+    print("| store | task | seconds | steps lost | steps repeated | step file exact | "
+          "orphans 1 s after each SIGKILL | orphans at end |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['run']} | {r['state']} | {r.get('seconds', 0):.0f} | {r.get('lost', '-')} | {r.get('repeated', '-')} | "
-              f"{r.get('file_ok', '-')} | {r.get('orphans_after_kill', '-')} | {r.get('orphans_end', '-')} |")
+        print(f"| {r['run']} | {r['state']} | {r.get('seconds', 0):.0f} | {r.get('lost', '-')} | "
+              f"{r.get('repeated', '-')} | {r.get('file_ok', '-')} | {r.get('orphans_after_kill', '-')} | "
+              f"{r.get('orphans_end', '-')} |")
     for r in results:
         print(f"\n{r['run']}:", *r["events"], sep="\n  - ")
     ok = all(r["state"] == "SUCCEEDED" and r["lost"] == 0 and r["repeated"] == 0 and r["orphans_end"] == 0

@@ -291,7 +291,8 @@ def print_speed_table(rows: list[dict], threads: int, dtype: str) -> None:
 
 def speed_main(argv) -> None:
     ap = argparse.ArgumentParser(prog="bench_long_context.py", description="the model's long-context speed and memory")
-    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="prompt lengths in tokens (default %(default)s)")
+    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
+                    help="prompt lengths in tokens (default %(default)s)")
     ap.add_argument("--modes", default="dsa,dense",
                     help="modes to run, of dsa,dense,hybrid,hybrid-dense (default %(default)s)")
     ap.add_argument("--decode-steps", type=int, default=16, help="timed decode steps after each prefill (default 16)")

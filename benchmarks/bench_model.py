@@ -270,7 +270,8 @@ def print_tables(cfg_name, cfg, shapes, limits, rows, kernels, moe_rows) -> None
     print(f"CPU: {cpu_model()} ({isa()}); {torch.get_num_threads()} thread(s)")
     print(f"native kernels: DSA {'built' if dsa_kernels() else 'off'}, decode {decode_paths()}")
     print(f"limits (same run): streaming read {limits['bandwidth'] / 1e9:.1f} GB/s; matmul peak "
-          + ", ".join(f"{k.removeprefix('peak_')} {v / 1e9:.0f} GFLOP/s" for k, v in limits.items() if k != "bandwidth"))
+          + ", ".join(f"{k.removeprefix('peak_')} {v / 1e9:.0f} GFLOP/s"
+                      for k, v in limits.items() if k != "bandwidth"))
     print(f"{cfg_name} preset: {r['total_params'] / 1e6:,.1f}M params ({r['active_params'] / 1e6:,.1f}M active); "
           f"prefill {shapes.prefill_batch}x{shapes.prefill_len}; decode {shapes.decode_steps} steps after a "
           f"{shapes.decode_prompt}-token prompt\n")

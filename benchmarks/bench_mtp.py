@@ -109,7 +109,8 @@ def main() -> int:
     ckpt = str(resolve_checkpoint(args.checkpoint))
     batch = prompts(Tokenizer.from_checkpoint(ckpt), args.requests, args.prompt_len)
     print(f"CPU: {cpu_model()}; torch threads: {args.threads}; checkpoint: {ckpt}")
-    print(f"{args.requests} requests alone (batch 1), prompt {args.prompt_len} tokens, {args.max_tokens} greedy tokens each")
+    print(f"{args.requests} requests alone (batch 1), prompt {args.prompt_len} tokens, "
+          f"{args.max_tokens} greedy tokens each")
     cases = [Case(ckpt, k, args.max_tokens, batch[0]) for k in [0] + [int(k) for k in args.ks.split(",")]]
     for ids in batch:  # each request on every engine in turn: a slow minute of a shared machine hits every k alike
         for case in cases:
@@ -122,7 +123,8 @@ def main() -> int:
         same = "yes" if r["outputs"] == base["outputs"] else "NO"
         acc = "-" if r["k"] == 0 else f"{r['acceptance']:.1%}"
         print(f"{r['k']:>8} {r['tok_s']:>13,.1f} {r['tok_s'] / base['tok_s']:>8.2f}x {acc:>11} "
-              f"{r['tokens_per_step']:>12.2f} {r['main_ms']:>13.2f} {r['mtp_ms']:>12.2f} {r['rest_ms']:>13.2f} {same:>17}")
+              f"{r['tokens_per_step']:>12.2f} {r['main_ms']:>13.2f} {r['mtp_ms']:>12.2f} {r['rest_ms']:>13.2f} "
+              f"{same:>17}")
     return 0 if all(r["outputs"] == base["outputs"] for r in rows) else 1
 
 

@@ -270,7 +270,8 @@ def run_soak(steps: int, kill_every: int, rate: float) -> dict:
     evs = store.all_events(task.id)
     levels = [e.data["level"] for e in evs if e.kind == "recovery_escalation"]
     server.httpd.shutdown()
-    return {"steps": steps, "state": store.get_task(task.id).state, "completed": store.get_task(task.id).state == "SUCCEEDED",
+    return {"steps": steps, "state": store.get_task(task.id).state,
+            "completed": store.get_task(task.id).state == "SUCCEEDED",
             "steps_lost": len(set(range(1, steps + 1)) - set(done)), "steps_duplicated": len(done) - len(set(done)),
             "worker_kills": kills, "model_requests": server.counts["requests"],
             "injected_500/429/hang": f"{server.counts['500']}/{server.counts['429']}/{server.counts['hang']}",

@@ -29,7 +29,8 @@ def isa() -> str:
     except (OSError, StopIteration):
         have = []
     return (f"{' '.join(have) or 'no AVX2/AVX-512/AMX flags'}; torch CPU capability "
-            f"{torch.backends.cpu.get_cpu_capability()}, oneDNN {'on' if torch.backends.mkldnn.is_available() else 'off'}")
+            f"{torch.backends.cpu.get_cpu_capability()}, "
+            f"oneDNN {'on' if torch.backends.mkldnn.is_available() else 'off'}")
 
 
 def median_time(fn, repeats: int = 7, warmup: int = 1) -> float:

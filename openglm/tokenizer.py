@@ -110,7 +110,8 @@ For each function call, output the function name and arguments within the follow
 {%- set f = call.function if call.function is defined else call -%}
 <tool_call>{{ f.name }}
 {%- for key, value in (f.arguments or {}).items() -%}
-<arg_key>{{ key }}</arg_key><arg_value>{{ value if value is string else value | tojson(ensure_ascii=False) }}</arg_value>
+<arg_key>{{ key }}</arg_key><arg_value>{{ value if value is string \
+else value | tojson(ensure_ascii=False) }}</arg_value>
 {%- endfor -%}
 </tool_call>
 {%- endfor -%}

@@ -396,7 +396,8 @@ def register(subparsers):
     p.add_argument("--yes", "-y", action="store_true",
                    help="do not ask before changing a folder the task uses in place (--workspace)")
 
-    for name, func, arg, help in (("backup", cmd_backup, "dest", "copy the SQLite store to DEST (online: workers may run)"),
+    for name, func, arg, help in (("backup", cmd_backup, "dest",
+                                   "copy the SQLite store to DEST (online: workers may run)"),
                                   ("restore", cmd_restore, "src", "replace the SQLite store with the backup SRC "
                                                                   "(stop the workers first)")):
         p = sub.add_parser(name, help=help)

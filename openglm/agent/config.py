@@ -19,7 +19,8 @@ DEFAULT_CLONE_HOSTS = ["github.com", "gitlab.com", "bitbucket.org", "codeberg.or
 class AgentConfig:
     data_dir: str = "runs/agent"  # snapshots, cloned / created workspaces
     store: str = ""  # '' -> sqlite at <data_dir>/agent.db; or 'redis://host:port/0'
-    model: ModelSpec | None = None  # a task without its own model uses this one; JSON: {"replay": path} | {"base_url", "model", "api_key", "fallback"}
+    # a task without its own model uses this one; JSON: {"replay": path} | {"base_url", "model", "api_key", "fallback"}
+    model: ModelSpec | None = None
     lease_ttl: float = 15.0  # a worker silent this long loses its task to another worker
     poll_interval: float = 0.5
     ignore: list[str] = field(default_factory=lambda: list(DEFAULT_IGNORE))

@@ -109,7 +109,8 @@ class PagedBatchCache:
     def rows(self, layer_idx: int, specs: dict[str, tuple[int, torch.dtype]]) -> DecodeRows:
         """Layer `layer_idx`'s pools (created from `specs`, name -> (width, dtype), on a first step) and the step's
         slots; the native call writes the new entries in the pool's dtype."""
-        entries = {name: self.pool.tensor(layer_idx, name, torch.empty(1, 1, width)) for name, (width, _) in specs.items()}
+        entries = {name: self.pool.tensor(layer_idx, name, torch.empty(1, 1, width))
+                   for name, (width, _) in specs.items()}
         return DecodeRows(entries, *self.decode_rows, self.pool.shadows.get(layer_idx))
 
     def update(self, layer_idx: int, entries: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

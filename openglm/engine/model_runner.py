@@ -84,7 +84,8 @@ class ModelRunner:
         hidden: list = [None] * len(seqs)
         kept: list = [None] * len(seqs)
         for group in group_rows(num_tokens):
-            steps = StepInputs([(seqs[i].token_ids + seqs[i].draft_token_ids)[seqs[i].num_computed_tokens:][:num_tokens[i]]
+            steps = StepInputs([(seqs[i].token_ids + seqs[i].draft_token_ids)
+                                [seqs[i].num_computed_tokens:][:num_tokens[i]]
                                 for i in group], [seqs[i].num_computed_tokens for i in group],
                                [num_tokens[i] for i in group], [list(seqs[i].block_table) for i in group])
             h = self._call(steps, lambda ids, mask, pos, cache: self.model.hidden_states(

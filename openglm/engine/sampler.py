@@ -24,7 +24,8 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
                 logits[i, seen] = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
         if (p.presence_penalty or p.frequency_penalty) and seq.num_output_tokens:
             out = torch.tensor(seq.output_token_ids, dtype=torch.long).clamp_(max=vocab - 1)
-            counts = torch.zeros(vocab, dtype=logits.dtype).scatter_add_(0, out, torch.ones(len(out), dtype=logits.dtype))
+            counts = torch.zeros(vocab, dtype=logits.dtype).scatter_add_(
+                0, out, torch.ones(len(out), dtype=logits.dtype))
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
     return logits
 

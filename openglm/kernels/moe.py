@@ -165,7 +165,8 @@ def _launch(x, indices, weights, gate_up: ExpertWeights, down: ExpertWeights, ou
         raise ValueError("the experts kernels address each tensor (one expert's weights) with 32-bit offsets: "
                          f"{n_tokens} tokens x {hidden} or {inter}-wide rows are too many for one launch")
     upcast, precision = dot_options(x.dtype)
-    dot_dtype = tl.float32 if upcast or x.dtype == torch.float32 else tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16
+    dot_dtype = (tl.float32 if upcast or x.dtype == torch.float32
+                 else tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16)
     gu, dn = gate_up, down
     gu_s = gu.scale if gu.scale is not None else x  # a placeholder pointer: never read without scales
     dn_s = dn.scale if dn.scale is not None else x

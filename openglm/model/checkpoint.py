@@ -261,8 +261,9 @@ def load_model(path, dtype: torch.dtype | str | None = None, device: str = "cpu"
                max_memory: int | None = None) -> GlmMoeDsaForCausalLM:
     """Load a Hugging Face checkpoint directory (glm_moe_dsa, glm4_moe, glm4_moe_lite, glm5_next; bf16/fp16/fp32 or
     FP8 block-quantised) into GlmMoeDsaForCausalLM (or its family's subclass; eval mode). `dtype`: the weights'
-    dtype (default: the checkpoint's; bf16/bfloat16, fp16/float16, fp32/float32 or a torch dtype). Every bad input raises a ModelError
-    subclass naming the key, tensor or file; running out of memory anyway is CheckpointTooLargeError, one line."""
+    dtype (default: the checkpoint's; bf16/bfloat16, fp16/float16, fp32/float32 or a torch dtype). Every bad input
+    raises a ModelError subclass naming the key, tensor or file; running out of memory anyway is
+    CheckpointTooLargeError, one line."""
     try:
         return _load(path, dtype, device, max_memory)
     except CheckpointTooLargeError:

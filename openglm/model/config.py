@@ -120,7 +120,8 @@ class ModelConfig:
     indexer_types: list[str] | None = None  # "full" | "shared" per layer
     head_dim: int | None = None  # glm4_moe: per-head width (None: hidden_size // num_attention_heads)
     use_qk_norm: bool = False  # glm4_moe: RMSNorm on each query/key head before RoPE
-    num_nextn_predict_layers: int = 0  # MTP layers stored after the decoder layers (trained with the MTP loss, drafts for speculative decoding)
+    # MTP layers stored after the decoder layers (trained with the MTP loss, drafts for speculative decoding)
+    num_nextn_predict_layers: int = 0
     # ---- glm5_next (GLM-5.3-Flash); defaults are transformers' Glm5NextTextConfig's ----
     layer_types: list[str] | None = None  # "linear_attention" (KDA) | "indexed_attention" (MLA + DSA) per layer
     linear_num_heads: int = 64  # KDA heads

@@ -263,8 +263,9 @@ def int4_experts(experts: nn.Module, xs: torch.Tensor, counts: list[int]) -> tor
             x = xs[start:start + n]
             gate, up = native.int4_matmul(x, native.KernelWeight(gu.values[e], gu.scale[e], gu.wtype, gu.group),
                                           2 * inter).chunk(2, dim=-1)
-            native.int4_matmul(swiglu(experts, gate, up, inplace=True), native.KernelWeight(dn.values[e], dn.scale[e], dn.wtype,
-                                                                          dn.group), xs.shape[-1], ys[start:start + n])
+            native.int4_matmul(swiglu(experts, gate, up, inplace=True),
+                               native.KernelWeight(dn.values[e], dn.scale[e], dn.wtype, dn.group),
+                               xs.shape[-1], ys[start:start + n])
             start += n
     return ys
 

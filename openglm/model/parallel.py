@@ -127,7 +127,8 @@ def rank_parameters(cfg: ModelConfig, layout: ParallelLayout, mode: str) -> dict
     with torch.device("meta"):
         model = build_model(cfg)
     dense_layers = {i for i, t in enumerate(cfg.mlp_layer_types) if t == "dense"}
-    out = {"routed_experts": 0.0, **({"tp_sharded": 0.0, "replicated": 0.0} if mode == "serve" else {"fsdp_sharded": 0.0})}
+    out = {"routed_experts": 0.0,
+           **({"tp_sharded": 0.0, "replicated": 0.0} if mode == "serve" else {"fsdp_sharded": 0.0})}
     seen = set()
     for name, p in model.named_parameters(remove_duplicate=False):
         if id(p) in seen:

@@ -115,7 +115,8 @@ def _select(t, dim, index):
 def _slice(t, dim=0, start=None, end=None, step=1):
     if not _keeps_rows(t, dim):
         return None
-    return _same(t, aten.slice.Tensor(t.qdata, dim, start, end, step), aten.slice.Tensor(t.scale, dim, start, end, step))
+    return _same(t, aten.slice.Tensor(t.qdata, dim, start, end, step),
+                 aten.slice.Tensor(t.scale, dim, start, end, step))
 
 
 def _view(t, size):

@@ -105,7 +105,8 @@ def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
     broadcast over the middle dims); computed in fp32, returned in x's dtype. (Runs ~10 times per layer in
     a decode step, so it avoids every call that is not needed.)"""
     extra = x.dim() - rot.dim()
-    r = rot if extra == 0 else rot.unsqueeze(2) if extra == 1 else rot.view(rot.shape[:2] + (1,) * extra + rot.shape[2:])
+    r = (rot if extra == 0 else rot.unsqueeze(2) if extra == 1
+         else rot.view(rot.shape[:2] + (1,) * extra + rot.shape[2:]))
     xf = x if x.dtype == torch.float32 else x.float()
     try:  # the pairs as complex numbers: a view when the layout allows (a slice of a projection usually does)
         xc = torch.view_as_complex(xf.unflatten(-1, (-1, 2)))

@@ -92,7 +92,8 @@ def key_positions(key_mask: torch.Tensor | None, key_pos: torch.Tensor | None, b
     else:
         if key_pos.shape != (batch, n_keys):
             raise ValueError(f"key_pos has shape {tuple(key_pos.shape)}, expected {(batch, n_keys)}")
-        pos = torch.where(valid, key_pos.to(device=device, dtype=torch.long), torch.full_like(valid, -1, dtype=torch.long))
+        pos = torch.where(valid, key_pos.to(device=device, dtype=torch.long),
+                          torch.full_like(valid, -1, dtype=torch.long))
         pos = pos.cummax(1).values
     return pos, valid
 
@@ -198,7 +199,8 @@ def plain_bias(pattern: SparsePattern, q_start: int, q_end: int, cand: Candidate
     if local is None:
         qpos = torch.arange(q_start, q_end).unsqueeze(0)
         kpos = torch.arange(cand.lo, cand.hi).unsqueeze(0)
-        ok = allowed(pattern, qpos, torch.ones_like(qpos, dtype=torch.bool), kpos, torch.ones_like(kpos, dtype=torch.bool))
+        ok = allowed(pattern, qpos, torch.ones_like(qpos, dtype=torch.bool),
+                     kpos, torch.ones_like(kpos, dtype=torch.bool))
         local = torch.zeros(ok.shape).masked_fill_(~ok, float("-inf"))
         cache[key] = local
     if cand.slots is None or cand.slots.shape[1] == 0:

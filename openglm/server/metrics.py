@@ -18,20 +18,24 @@ class ServerMetrics:
         self.kv_used = Gauge("openglm_kv_blocks_used", "KV cache blocks in use", registry=r)
         self.kv_total = Gauge("openglm_kv_blocks_total", "KV cache blocks in the pool", registry=r)
         self.kv_cached = Gauge("openglm_kv_blocks_cached", "Hashed blocks reusable by the prefix cache", registry=r)
-        self.prefix_hits = Gauge("openglm_prefix_cache_hit_blocks", "Prompt blocks served from the prefix cache", registry=r)
+        self.prefix_hits = Gauge("openglm_prefix_cache_hit_blocks", "Prompt blocks served from the prefix cache",
+                                 registry=r)
         self.prefix_queries = Gauge("openglm_prefix_cache_query_blocks", "Prompt blocks looked up", registry=r)
         self.preemptions = Gauge("openglm_preemptions", "Sequences preempted for recompute", registry=r)
         self.draft_tokens = Gauge("openglm_spec_decode_draft_tokens", "MTP draft tokens verified (cumulative)",
                                   registry=r)
         self.accepted_drafts = Gauge("openglm_spec_decode_accepted_tokens", "MTP draft tokens accepted (cumulative)",
                                      registry=r)
-        self.tokens_per_s = Gauge("openglm_generation_tokens_per_second", "Generated tokens/s over recent steps", registry=r)
+        self.tokens_per_s = Gauge("openglm_generation_tokens_per_second", "Generated tokens/s over recent steps",
+                                  registry=r)
         self.prompt_tokens = Counter("openglm_prompt_tokens", "Prompt tokens processed", registry=r)
         self.gen_tokens = Counter("openglm_generation_tokens", "Tokens generated", registry=r)
         self.requests = Counter("openglm_requests", "Finished requests", ["finish_reason"], registry=r)
         self.errors = Counter("openglm_request_errors", "Requests answered with an error", ["status"], registry=r)
-        self.ttft = Histogram("openglm_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("openglm_e2e_request_latency_seconds", "Request latency", buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("openglm_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS,
+                              registry=r)
+        self.e2e = Histogram("openglm_e2e_request_latency_seconds", "Request latency", buckets=LATENCY_BUCKETS,
+                             registry=r)
         self.itl = Histogram("openglm_inter_token_latency_seconds", "Mean time between output tokens of a request",
                              buckets=ITL_BUCKETS, registry=r)
         self._window: list[tuple[float, int]] = []

@@ -6,8 +6,9 @@ reads an init message (the tokenizer, the context size, the budgets) and then jo
 each on its stdout in one message (token ids follow as a second, binary one); anything else printed goes to
 stderr. It dies with its parent (PR_SET_PDEATHSIG, and at the end of its input). Its address space is capped once
 it is set up: a template or a prompt that needs more memory fails here, as a MemoryError, or as an abort inside
-Rust code, which the parent answers with a 400 and a new worker. A chat job's renders are interrupted by SIGALRM when the template's seconds
-run out (a loop that calls nothing is stopped too) and by SIGUSR1 when the client has left.
+Rust code, which the parent answers with a 400 and a new worker. A chat job's renders are interrupted by SIGALRM
+when the template's seconds run out (a loop that calls nothing is stopped too) and by SIGUSR1 when the client
+has left.
 
 Prompts that cannot fit are refused before they are tokenised in full: first by a bound that costs nothing (a
 text of c characters has at least c / longest-token-length tokens), then, for a long text, by counting its

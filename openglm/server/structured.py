@@ -2,11 +2,11 @@
 
 - `tool_choice` "none" / "auto": no constraint (as in vLLM; "none" also hides the tools from the prompt).
 - "required": the answer is one or more (one with `parallel_tool_calls: false`) GLM tool calls,
-  `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>`, of the listed tools; a
-  named function: exactly one call of it (as vLLM decodes a named choice). A call holds the required
-  arguments of the tool's schema always, the optional ones optionally, in the schema's order. A value whose schema admits only strings is written raw
-  (GLM's format), within its `minLength`/`maxLength`, `enum`/`const` and `pattern`; every other value
-  is JSON matching its schema (`server/json_schema.py` reads the schema once for the grammar and for
+  `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>`, of the listed tools; a named
+  function: exactly one call of it (as vLLM decodes a named choice). A call holds the required arguments of the
+  tool's schema always, the optional ones optionally, in the schema's order. A value whose schema admits only
+  strings is written raw (GLM's format), within its `minLength`/`maxLength`, `enum`/`const` and `pattern`; every
+  other value is JSON matching its schema (`server/json_schema.py` reads the schema once for the grammar and for
   the parser that types the arguments back).
 - `response_format` json_object / json_schema: the answer is JSON (matching the schema).
 

@@ -59,7 +59,8 @@ def load_trainer_state(ckpt: Path) -> dict:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:  # forbidden globals (code), or bytes that are no pickle at all
         raise CheckpointError(f"{file}: not a trainer state openglm can read safely (damaged, or it holds objects "
-                              "other than tensors, numbers, strings and containers, which are never unpickled)") from None
+                              "other than tensors, numbers, strings and containers, "
+                              "which are never unpickled)") from None
     except Exception as e:  # RuntimeError / EOFError: a truncated or damaged file
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{file}: not a trainer state openglm can read safely ({first})") from None

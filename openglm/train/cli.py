@@ -38,7 +38,8 @@ _TRAIN_HELP = {
     "collapse_patience": "... for this many log intervals in a row",
     "router_bias_rate": "aux-loss-free balancing: per-step nudge of the routers' score bias",
     "threads": "torch CPU threads (none: all cores)",
-    "mtp_loss_weight": "weight of the next-n (MTP) layer's cross-entropy on token t+2, when the preset has one (0: off)",
+    "mtp_loss_weight": "weight of the next-n (MTP) layer's cross-entropy on token t+2, "
+                       "when the preset has one (0: off)",
 }
 
 

@@ -127,7 +127,8 @@ def _report(s: dict, out: Path) -> None:
     _say("validation loss (nats/token):")
     _say(f"  unigram baseline   {s['unigram_loss']:.3f}  (perplexity {math.exp(s['unigram_loss']):,.0f})")
     _say(f"  before training    {s['val_loss_before']:.3f}  (perplexity {math.exp(s['val_loss_before']):,.0f})")
-    _say(f"  after {s['steps']:>4} steps   {s['val_loss_after']:.3f}  (perplexity {math.exp(s['val_loss_after']):,.1f})")
+    _say(f"  after {s['steps']:>4} steps   {s['val_loss_after']:.3f}  "
+         f"(perplexity {math.exp(s['val_loss_after']):,.1f})")
     _say(f"throughput {s['tokens_per_s']:,.0f} tokens/s; whole demo {s['wall_s'] / 60:.1f} min")
     _say(f"checkpoint: {s['checkpoint']}  (try: openglm generate {s['checkpoint']} --prompt 'import os')")
     _say(f"plots:      {out / 'loss.png'}, {out / 'expert_load.png'}")

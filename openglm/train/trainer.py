@@ -229,13 +229,15 @@ class Trainer:
             group["lr"] = self._lr
         per_rank = cfg.batch_size * cfg.grad_accum
         batch = torch.from_numpy(self.batcher.next_batch(per_rank * info.world, info.rank, info.world))
-        sums = torch.zeros(4, dtype=torch.float64)  # lm loss, aux loss (MTP's weighted share included), micro-steps, MTP loss
+        # lm loss, aux loss (MTP's weighted share included), micro-steps, MTP loss
+        sums = torch.zeros(4, dtype=torch.float64)
         counts = None  # this step's tokens per expert, [n_moe_layers, n_experts]
         for micro in batch.split(cfg.batch_size):
             micro = micro.to(self.device)
             lm, aux, stats = self._forward(micro[:, :-1], micro[:, 1:])
             ((lm + aux) / cfg.grad_accum).backward()
-            sums += torch.tensor([lm.item(), float(aux.detach()), 1.0, float(self._mtp_loss.detach())], dtype=torch.float64)
+            sums += torch.tensor([lm.item(), float(aux.detach()), 1.0, float(self._mtp_loss.detach())],
+                                 dtype=torch.float64)
             c = self.tracker.add_routing(stats)
             if c is not None:
                 counts = c if counts is None else counts + c

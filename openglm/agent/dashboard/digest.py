@@ -49,7 +49,8 @@ class Digest:
             elif e.kind == "answer":  # the question is answered: its alert is history
                 self.alerts = deque((a for a in self.alerts if a["level"] != "input"), maxlen=MAX_ALERTS)
             elif e.kind == "recovery_escalation":
-                self._alert(e, "warning", f"recovery L{d.get('level')} for {d.get('error_class')}: {d.get('cause', '')}")
+                self._alert(e, "warning",
+                            f"recovery L{d.get('level')} for {d.get('error_class')}: {d.get('cause', '')}")
             elif e.kind == "budget_exhausted":
                 self._alert(e, "error", f"budget exhausted: {d}")
             elif e.kind == "state" and d.get("state") != "QUEUED":  # the run ended: its monitor with it
@@ -94,10 +95,12 @@ def summary(task: Task, digest: Digest, now: float | None = None) -> dict:
     pd = digest.phase_data
     phase_budget = digest.phase_budget
     phase = {"name": digest.phase or task.phase, "steps": pd.get("phase_steps"),
-             "elapsed_s": (elapsed - pd["phase_started_s"]) if isinstance(pd.get("phase_started_s"), (int, float)) else None,
+             "elapsed_s": ((elapsed - pd["phase_started_s"])
+                           if isinstance(pd.get("phase_started_s"), (int, float)) else None),
              "budget": phase_budget}
     if phase_budget and not finished:  # the larger share of its steps or its minutes spent
-        shares = [phase["steps"] / phase_budget["steps"] if phase["steps"] is not None and phase_budget.get("steps") else 0,
+        shares = [phase["steps"] / phase_budget["steps"]
+                  if phase["steps"] is not None and phase_budget.get("steps") else 0,
                   phase["elapsed_s"] / (60 * phase_budget["minutes"])
                   if phase["elapsed_s"] is not None and phase_budget.get("minutes") else 0]
         phase["used"] = min(1.0, max(shares))
@@ -105,7 +108,8 @@ def summary(task: Task, digest: Digest, now: float | None = None) -> dict:
     alerts = list(digest.alerts)
     active = [{"ts": x["ts"], "level": "warning", "kind": "threshold", "step": None, "seq": None,
                "text": f"{m} {_short(x.get('value'))} past {_short(x.get('limit'))}", "metric": m,
-               "value": x.get("value"), "limit": x.get("limit"), "action": "crossed"} for m, x in digest.crossed.items()]
+               "value": x.get("value"), "limit": x.get("limit"), "action": "crossed"}
+              for m, x in digest.crossed.items()]
     return {
         "id": task.id, "objective": task.objective[:300], "state": task.state, "reason": task.reason[:300],
         "control": task.control, "worker": task.worker, "created_at": task.created_at, "updated_at": task.updated_at,

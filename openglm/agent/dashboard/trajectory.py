@@ -52,12 +52,14 @@ def build(task, events, initial_messages: list[dict]) -> dict:
         turn = {"step": e.step, "ts": e.ts, "prompt_messages": len(prompt),
                 "prompt_rewritten": not same_prefix,  # condensed or rolled back: shown whole
                 "policy_rewrote": bool(request.get("rewritten")),  # sent differently from the log's conversation
-                "prompt": [_message(m) for m in new] + [{**_message(m), "added": True} for m in request.get("added", [])],
+                "prompt": ([_message(m) for m in new]
+                           + [{**_message(m), "added": True} for m in request.get("added", [])]),
                 "reply": _clip(r.get("content") or ""),
                 "reasoning": _clip(r.get("reasoning") or r.get("reasoning_content") or ""),
                 "model": r.get("model", ""), "latency_s": e.data.get("latency_s"),
                 "truncation": (r.get("truncation") or "max_tokens") if r.get("finish_reason") == "length" else "",
-                "prompt_tokens": e.data.get("prompt_tokens", 0), "completion_tokens": e.data.get("completion_tokens", 0),
+                "prompt_tokens": e.data.get("prompt_tokens", 0),
+                "completion_tokens": e.data.get("completion_tokens", 0),
                 "calls": [{"id": c.get("id", ""), "name": c.get("name"), "arguments": c.get("arguments"),
                            "result": None} for c in r.get("tool_calls", [])],
                 "verdicts": [], "snapshot": None}

@@ -65,5 +65,5 @@ def build_model(spec: ModelSpec | dict) -> Model:
     return model
 
 
-__all__ = ["ContextOverflowError", "FallbackModel", "Model", "ModelError", "ModelResponse", "ModelSpec", "OpenAIChatModel", "ReplayModel",
-           "ToolCall", "build_model", "estimate_tokens"]
+__all__ = ["ContextOverflowError", "FallbackModel", "Model", "ModelError", "ModelResponse", "ModelSpec",
+           "OpenAIChatModel", "ReplayModel", "ToolCall", "build_model", "estimate_tokens"]

@@ -95,7 +95,8 @@ class OpenAIChatModel(Model):
                 self.chars_per_token = min(CHARS_PER_TOKEN, 0.9 * sent_chars / response.prompt_tokens)
             return response
         raise ContextOverflowError(f"{self.name} at {self.base_url}: the conversation does not fit the "
-                                   f"{self.context_window}-token context window even condensed (context length exceeded)")
+                                   f"{self.context_window}-token context window even condensed "
+                                   "(context length exceeded)")
 
     def _truncated(self, sent: int, window: int) -> str:
         """Why a reply was cut off at `sent` tokens, in words for the model and the log. When the window's
@@ -126,7 +127,8 @@ class OpenAIChatModel(Model):
             usage = data.get("usage") or {}
             return ModelResponse(content=msg.get("content") or "", tool_calls=calls,
                                  prompt_tokens=usage.get("prompt_tokens", 0),
-                                 completion_tokens=usage.get("completion_tokens", 0), model=data.get("model", self.name),
+                                 completion_tokens=usage.get("completion_tokens", 0),
+                                 model=data.get("model", self.name),
                                  reasoning=msg.get("reasoning_content") or "", finish_reason=finish)
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise ModelError(f"{self.name}: malformed reply ({e}): {r.text[:500]}") from e

@@ -49,6 +49,7 @@ class ReplayModel(Model):
                  for j, c in enumerate(turn.get("tool_calls", []))]
         content = turn.get("content", "")
         return ModelResponse(content=content, tool_calls=calls, prompt_tokens=estimate_tokens(messages),
-                             completion_tokens=estimate_tokens([{"content": content, "tool_calls": turn.get("tool_calls")}]),
+                             completion_tokens=estimate_tokens([{"content": content,
+                                                                 "tool_calls": turn.get("tool_calls")}]),
                              model=self.name, finish_reason=turn.get("finish_reason", ""),
                              truncation=turn.get("truncation", ""))

@@ -82,7 +82,8 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('NOTFOUND') 
 local owner = redis.call('HGET', KEYS[1], 'worker')
 if owner ~= ARGV[1] then return redis.error_reply('LEASELOST ' .. tostring(owner)) end
 local t = redis.call('TIME')
-redis.call('HSET', KEYS[1], 'lease_until', string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1e6 + tonumber(ARGV[2])))
+redis.call('HSET', KEYS[1], 'lease_until', \
+string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1e6 + tonumber(ARGV[2])))
 return 1
 """
 

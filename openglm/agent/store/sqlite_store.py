@@ -242,7 +242,8 @@ class SQLiteStore(Store):
 
     def event_count(self, task_id) -> int:
         with self._read():
-            return self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE task_id=?", (task_id,)).fetchone()[0]
+            return self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM events WHERE task_id=?",
+                                    (task_id,)).fetchone()[0]
 
     # leases
     def claim(self, worker, ttl) -> Task | None:

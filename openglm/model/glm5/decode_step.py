@@ -159,7 +159,8 @@ def _ffn_params(layer) -> tuple[FfnLayerC, list[torch.Tensor]]:
         if experts.down_proj.shape[-1] % 16:
             raise Unsupported("expert width")
         p.n_experts, p.top_k, p.n_group, p.topk_group = gate.n_experts, gate.top_k, gate.n_group, gate.topk_group
-        p.inter, p.norm_topk, p.softmax_router = experts.down_proj.shape[-1], int(gate.norm_topk_prob), int(gate.kind == "softmax")
+        p.inter, p.norm_topk, p.softmax_router = (experts.down_proj.shape[-1], int(gate.norm_topk_prob),
+                                                  int(gate.kind == "softmax"))
         p.scaling, p.wtype, p.group, p.router = gate.scaling, gu.wtype, gu.group, _mat(gate.weight)
         E, D, inter = gate.n_experts, p.hidden, p.inter
         _expect(p.router, E, D)
@@ -224,7 +225,8 @@ def _built_or_none(layer):
 
 
 def _build(layer):
-    if layer.input_layernorm.weight.dtype not in (torch.float32, torch.bfloat16) or not hasattr(layer.self_attn, "rank"):
+    if (layer.input_layernorm.weight.dtype not in (torch.float32, torch.bfloat16)
+            or not hasattr(layer.self_attn, "rank")):
         raise Unsupported("dtype or attention type")
     mla, keep_a = _mla_params(layer)
     ffn, keep_f = _ffn_params(layer)
@@ -331,7 +333,8 @@ def _cache_rows(rows: DecodeRows) -> CacheRowsC:
         raise ValueError(f"cache entries kv ({kv.dtype}) and k_pe ({pe.dtype}) must share a dtype")
     return CacheRowsC(kv=kv.data_ptr(), pe=pe.data_ptr(), ik=None if ik is None else ik.data_ptr(),
                       kv_stride=kv.stride(0), pe_stride=pe.stride(0), ik_stride=0 if ik is None else ik.stride(0),
-                      kv_bf16=int(kv.dtype == torch.bfloat16), ik_bf16=int(ik is not None and ik.dtype == torch.bfloat16),
+                      kv_bf16=int(kv.dtype == torch.bfloat16),
+                      ik_bf16=int(ik is not None and ik.dtype == torch.bfloat16),
                       table=None if rows.table is None else rows.table.data_ptr(), row_base=rows.row_base.data_ptr(),
                       row_keys=rows.row_keys.data_ptr(), write=rows.write.data_ptr(),
                       ik8=None if rows.shadow is None else rows.shadow.codes.data_ptr(),

@@ -5,13 +5,13 @@ one query block at a time so its memory is O(block x N); attention then reads on
 entries per query, so attention memory and FLOPs are O(N x k) instead of the dense-mask formulation's O(N^2).
 For MLA, pass the absorbed form (`sparse.mla_absorbed`): the gathered entries are the small latents.
 
-Inference reads the selected rows in place instead of copying them. Where a C compiler is available, two
-small native kernels (`dsa_kernels.c`, compiled on first use by `native.py`) do the work torch ops do badly: the indexer's head sum and
-per-row top-k, and the scores and weighted value sums of the selected (query, key) pairs, key-major. Without
-one the same steps run as torch ops: a sampled matrix product (`torch.sparse.sampled_addmm` over a CSR
-pattern) for the scores and `F.embedding_bag` for the value sums. Either way the attention stays fp32, so
-the result equals the dense-mask formulation. `score_dtype=torch.bfloat16` runs the indexer's matmul in bf16
-(the real DSA indexer runs in FP8); that may change which keys win near-ties, so it is an opt-in.
+Inference reads the selected rows in place instead of copying them. Where a C compiler is available, two small
+native kernels (`dsa_kernels.c`, compiled on first use by `native.py`) do the work torch ops do badly: the
+indexer's head sum and per-row top-k, and the scores and weighted value sums of the selected (query, key) pairs,
+key-major. Without one the same steps run as torch ops: a sampled matrix product (`torch.sparse.sampled_addmm`
+over a CSR pattern) for the scores and `F.embedding_bag` for the value sums. Either way the attention stays
+fp32, so the result equals the dense-mask formulation. `score_dtype=torch.bfloat16` runs the indexer's matmul in
+bf16 (the real DSA indexer runs in FP8); that may change which keys win near-ties, so it is an opt-in.
 """
 from __future__ import annotations
 
@@ -321,7 +321,8 @@ class _Selector:
     def _visible(self, qs: int, qe: int) -> torch.Tensor:
         """bool [B, qe - qs, qe]: which of the first qe slots each query slot in [qs, qe) may see."""
         if self.plain:
-            ok = torch.arange(qe, device=self.kt.device)[None, :] <= torch.arange(qs, qe, device=self.kt.device)[:, None]
+            ok = (torch.arange(qe, device=self.kt.device)[None, :]
+                  <= torch.arange(qs, qe, device=self.kt.device)[:, None])
             return ok.expand(self.kt.shape[0], -1, -1)
         kpos, valid = self.kpos, self.valid
         return allowed(_CAUSAL, kpos[:, qs:qe], valid[:, qs:qe], kpos[:, :qe], valid[:, :qe])

@@ -11,7 +11,8 @@ Understand the project: structure, README, dependency files, test layout, entry 
 is given. When you know how the project is built and tested, call `phase_done` with a summary.""",
     "diagnosis": """PHASE 2/4 - DIAGNOSIS (budget: {minutes:g} min, {steps} steps).
 Reproduce the problem (run the failing test or the issue's snippet), rank suspicious locations
-with `localize`, find code by name or description with `search_code`, and `bisect` if a known-good revision exists. Then call `phase_done` with your
+with `localize`, find code by name or description with `search_code`, and `bisect` if a known-good revision \
+exists. Then call `phase_done` with your
 diagnosis and the failing tests (pytest node ids).""",
     "design": """PHASE 3/4 - DESIGN (budget: {minutes:g} min, {steps} steps).
 First write a regression test with `regression_test`; it must FAIL on the current code.
