@@ -26,7 +26,7 @@ KINDS = ("dense", "sliding_window", "local_global_random")
 class SparsePattern:
     """The per-layer attention pattern. Presets are data: see `SparsePattern.lgr()` / `.sliding()`.
 
-    kind:          "dense" (causal), "sliding_window", or "local_global_random" (local window + global tokens + random keys).
+    kind:          "dense" (causal), "sliding_window", or "local_global_random" (window + global + random keys).
     window:        local window; query i sees keys j with i - window < j <= i (it counts the query itself).
     global_stride: every position that is a multiple of this is a global key, seen by all later queries.
     n_random:      random earlier keys per query (fixed per `random_block` queries, seeded by `seed`).
