@@ -12,8 +12,8 @@ WIDE, PHONE = {"width": 1280, "height": 800}, {"width": 390, "height": 844}
 def launch(playwright):
     if not os.path.exists(CHROMIUM) and not shutil.which("chromium"):
         raise RuntimeError("chromium is not installed (make system-deps installs Debian's chromium)")
-    return playwright.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-                                      args=FLAGS, headless=True)
+    executable = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
+    return playwright.chromium.launch(executable_path=executable, args=FLAGS, headless=True)
 
 
 class RequestLog:

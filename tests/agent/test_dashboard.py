@@ -81,8 +81,10 @@ def test_trajectory_turns_hold_new_prompt_messages_reply_results_and_verdicts(sq
     events = sqlite.all_events(task.id)
     traj = trajectory.build(sqlite.get_task(task.id), events, ToolCallingPolicy().initial_messages(task))
     turns = traj["turns"]
-    assert [t["step"] for t in turns] == [1, 2, 3] and [t["reply"] for t in turns] == ["create it", "append", "finished"]
-    assert [m["role"] for m in turns[0]["prompt"]] == ["system", "user"] and "grow a.txt" in turns[0]["prompt"][1]["content"]
+    assert [t["step"] for t in turns] == [1, 2, 3]
+    assert [t["reply"] for t in turns] == ["create it", "append", "finished"]
+    assert [m["role"] for m in turns[0]["prompt"]] == ["system", "user"]
+    assert "grow a.txt" in turns[0]["prompt"][1]["content"]
     # turn 2 shows only what is new: the assistant's turn-1 call and its result, not the system prompt again
     assert [m["role"] for m in turns[1]["prompt"]] == ["assistant", "tool"] and turns[1]["prompt_messages"] == 4
     assert turns[1]["calls"][0]["result"]["output"].endswith("one\ntwo\n") and turns[1]["calls"][0]["result"]["ok"]
@@ -102,7 +104,8 @@ class PhasePromptPolicy(ToolCallingPolicy):
 def test_trajectory_shows_what_the_policy_added_to_each_prompt(sqlite, config, workspace):
     task = service.submit(sqlite, config, "grow a.txt", str(workspace))
     assert make_worker(config, sqlite, TURNS, policy_factory=PhasePromptPolicy).run_one() == "SUCCEEDED"
-    traj = trajectory.build(sqlite.get_task(task.id), sqlite.all_events(task.id), ToolCallingPolicy().initial_messages(task))
+    traj = trajectory.build(sqlite.get_task(task.id), sqlite.all_events(task.id),
+                            ToolCallingPolicy().initial_messages(task))
     for n, t in enumerate(traj["turns"], start=1):
         assert t["prompt"][-1] == {"role": "user", "content": f"PHASE PROMPT before step {n}", "added": True}
         assert not any(m.get("added") for m in t["prompt"][:-1]) and not t["prompt_rewritten"]
@@ -114,7 +117,8 @@ def test_export_is_one_file_with_the_data_escaped(tmp_path):
     html = export.render(data)
     assert "</script><script>alert(1)" not in html and "<\\/script><script>alert(1)<\\/script>" in html
     refs = set(re.findall(r'(?:src|href)="([^"]*)"', html)) | set(re.findall(r"https?://[^\s\"']+", html))
-    assert refs == {"data:,", "./", "http://www.w3.org/2000/svg"}  # the favicon stub, the (hidden) back link, the SVG namespace
+    # the favicon stub, the (hidden) back link, the SVG namespace
+    assert refs == {"data:,", "./", "http://www.w3.org/2000/svg"}
 
 
 def test_snapshot_diff_shows_edits_new_files_and_respects_ignores(sqlite, config, workspace):
@@ -226,7 +230,9 @@ def test_export_html_without_a_server_is_one_line(tmp_path):
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "openglm.agent", "task", "export-html", "t-x", "--out", str(tmp_path / "x.html"),
-                        "--server", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "cannot reach the task API at http://127.0.0.1:9" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "openglm.agent", "task", "export-html", "t-x",
+                        "--out", str(tmp_path / "x.html"), "--server", "http://127.0.0.1:9"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+    assert "cannot reach the task API at http://127.0.0.1:9" in p.stderr
     assert not (tmp_path / "x.html").exists()

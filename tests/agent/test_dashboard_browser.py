@@ -44,7 +44,8 @@ def dash(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dash")
     (tmp / "config.json").write_text(json.dumps(RESILIENCE))
     default = write_script(tmp / "default.jsonl", [turn(call("submit", summary="nothing to do"))])
-    srv = AgentServer(tmp, free_port(), default, workers=3, extra_args=("--config", str(tmp / "config.json"))).wait_ready()
+    srv = AgentServer(tmp, free_port(), default, workers=3,
+                      extra_args=("--config", str(tmp / "config.json"))).wait_ready()
     srv.tmp = tmp
     srv.http = httpx.Client(base_url=srv.url, timeout=10)
     srv.leak = submit(srv, "leaky build", [turn(call("bash", command=LEAK)), turn(call("submit", summary="built"))])
@@ -113,7 +114,8 @@ def test_tasks_page_lists_a_running_task_and_shows_a_new_step_within_2_s(dash, p
     row = f'tr[data-task="{tid}"]'
     page.wait_for_selector(f"{row} .badge.s-RUNNING")
     page.evaluate("""(sel) => { window.seen = {}; new MutationObserver(() => {
-        const r = document.querySelector(sel); if (r && !(r.dataset.step in window.seen)) window.seen[r.dataset.step] = Date.now() / 1000;
+        const r = document.querySelector(sel); """
+                  """if (r && !(r.dataset.step in window.seen)) window.seen[r.dataset.step] = Date.now() / 1000;
       }).observe(document.querySelector('#tasks tbody'), {childList: true, subtree: true, attributes: true}); }""", row)
     page.wait_for_function(f"document.querySelector('{row}') && +document.querySelector('{row}').dataset.step >= 2",
                            timeout=40_000)
@@ -194,7 +196,8 @@ def test_resource_graph_shows_the_injected_leak_crossing_its_threshold_and_the_a
     crossing = chart.evaluate("""(fig) => {
         const line = fig.querySelector('line.threshold'), path = fig.querySelector('path.series');
         const ys = path.getAttribute('d').split(/[ML]/).filter(Boolean).map((p) => +p.split(',')[1]);
-        return {threshold_y: +line.getAttribute('y1'), top_y: Math.min(...ys), markers: fig.querySelectorAll('.marker').length,
+        return {threshold_y: +line.getAttribute('y1'), top_y: Math.min(...ys), """
+                             """markers: fig.querySelectorAll('.marker').length,
                 label: fig.querySelector('svg').getAttribute('aria-label')};
       }""")
     assert crossing["top_y"] < crossing["threshold_y"], crossing  # SVG y grows downwards: the curve is above the line
@@ -248,7 +251,8 @@ def test_exported_trajectory_opens_offline(dash, pw, tmp_path):
     assert p.returncode == 0 and p.stdout.strip() == str(out), p.stderr
     context = pw.new_context(viewport=WIDE, offline=True)
     log = RequestLog(context)
-    context.route("**/*", lambda route: route.abort() if not route.request.url.startswith("file:") else route.continue_())
+    context.route("**/*",
+                  lambda route: route.abort() if not route.request.url.startswith("file:") else route.continue_())
     pg = context.new_page()
     pg.goto(out.as_uri())
     pg.wait_for_selector("body[data-ready='1']")
@@ -263,7 +267,8 @@ def test_exported_trajectory_opens_offline(dash, pw, tmp_path):
 def _names_missing(pg) -> list[str]:
     return pg.evaluate("""() => [...document.querySelectorAll('button, select, input, textarea, a')].filter((e) => {
         if (e.closest('[hidden]')) return false;
-        const label = e.getAttribute('aria-label') || (e.labels && [...e.labels].map((l) => l.textContent).join('')) || e.textContent;
+        const label = e.getAttribute('aria-label') """
+                      """|| (e.labels && [...e.labels].map((l) => l.textContent).join('')) || e.textContent;
         return !label.trim();
       }).map((e) => e.outerHTML.slice(0, 80))""")
 
@@ -341,7 +346,8 @@ def test_token_form_and_a_read_only_key_turn_the_controls_off(token_server, page
     page.wait_for_function("document.getElementById('control-msg').textContent.includes('read-only key')")
     for name in ("Pause task", "Resume task", "Cancel task"):
         assert page.get_by_role("button", name=name).is_disabled(), name
-    status = page.evaluate(f"fetch('/v1/tasks/{tid}/pause', {{method: 'POST', headers: D.headers()}}).then((r) => r.status)")
+    status = page.evaluate(f"fetch('/v1/tasks/{tid}/pause', {{method: 'POST', headers: D.headers()}})"
+                           ".then((r) => r.status)")
     assert status == 403 and httpx.get(f"{token_server}/v1/tasks/{tid}", headers=full).json()["state"] == "QUEUED"
     page.goto(f"{token_server}/ui/#token=full-secret")  # a link may carry the key once
     page.wait_for_selector(f'tr[data-task="{tid}"]')

@@ -32,7 +32,8 @@ TURNS = [
     turn(call("bash", command="sleep 0.15; echo 2 >> log.txt; rm data/numbers.txt"),
          call("create", path="data/summary.txt", content="sum\n")),
     turn(call("create", path="tests/test_app.py",
-              content="import sys\nsys.path.insert(0, 'src')\nfrom app import greet\nassert greet('x') == 'hello x'\n")),
+              content="import sys\nsys.path.insert(0, 'src')\nfrom app import greet\n"
+                      "assert greet('x') == 'hello x'\n")),
     turn(call("bash", command="python3 tests/test_app.py && echo 3 >> log.txt")),
     turn(call("view", path="log.txt")),
     turn(call("bash", command="cp -r src backup && echo 4 >> log.txt")),

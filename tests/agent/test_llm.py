@@ -24,8 +24,8 @@ def fake_openai():
         if body["model"] == "broken":
             return JSONResponse({"error": "overloaded"}, status_code=503)
         if body.get("tools"):
-            message = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
-                "name": "bash", "arguments": json.dumps({"command": "ls"})}}]}
+            message = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                       "function": {"name": "bash", "arguments": json.dumps({"command": "ls"})}}]}
         else:
             message = {"role": "assistant", "content": "Let me look.\n```bash\nls -la\n```"}
         return {"model": body["model"], "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],

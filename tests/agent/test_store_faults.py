@@ -41,8 +41,8 @@ def disk_full(store: SQLiteStore, full: bool) -> None:
     db.execute(f"PRAGMA max_page_count={db.execute('PRAGMA page_count').fetchone()[0]}")
     n = 0
     for size in (2048, 256, 32, 1):
-        for sql in ("INSERT INTO events VALUES ('~filler', ?, ?)", "INSERT INTO tasks VALUES ('~filler' || ?, 'FILLER', "
-                                                                    "'', 0, 0, ?)"):
+        for sql in ("INSERT INTO events VALUES ('~filler', ?, ?)",
+                    "INSERT INTO tasks VALUES ('~filler' || ?, 'FILLER', '', 0, 0, ?)"):
             try:
                 while True:
                     n += 1

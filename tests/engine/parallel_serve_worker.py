@@ -11,8 +11,8 @@ from openglm.engine import SamplingParams
 from openglm.engine.model_runner import ModelRunner
 from openglm.engine.parallel import exit_rank, follow_steps
 
-PROMPTS = ["def fibonacci(n):", "def fibonacci(n):\n    if n < 2:", "import os\n\nclass Stack:\n    def push(self, x):" * 3,
-           "x = 1"]
+PROMPTS = ["def fibonacci(n):", "def fibonacci(n):\n    if n < 2:",
+           "import os\n\nclass Stack:\n    def push(self, x):" * 3, "x = 1"]
 
 
 def generate(engine) -> list[list[int]]:

@@ -27,6 +27,6 @@ def test_the_kernels_compile_for_sm90_and_fit(tmp_path):
     results = [json.loads(line) for line in proc.stdout.splitlines()]
     assert {r["kernel"] for r in results} == KERNELS and len(results) == 9
     for r in results:
-        print(f"{r['arch']} {r['kernel']:<22} {r['config']:<34} {r['registers']:>4} regs  {r['spill_bytes']:>5} B spilled"
-              f"  {r['shared_bytes'] / 1024:6.1f} KiB shared")
+        print(f"{r['arch']} {r['kernel']:<22} {r['config']:<34} {r['registers']:>4} regs"
+              f"  {r['spill_bytes']:>5} B spilled  {r['shared_bytes'] / 1024:6.1f} KiB shared")
         assert r["registers"] <= 255 and r["shared_bytes"] <= SM90_SHARED_BYTES, r

@@ -99,7 +99,8 @@ def test_modules_to_not_convert_are_honoured(tmp_path):
     ids = torch.randint(0, 256, (1, 7))
     with torch.no_grad():
         loaded = load_model(tmp_path / "c")
-        assert torch.equal(loaded.model.layers[0].self_attn.q_a_proj.weight, model.model.layers[0].self_attn.q_a_proj.weight)
+        assert torch.equal(loaded.model.layers[0].self_attn.q_a_proj.weight,
+                           model.model.layers[0].self_attn.q_a_proj.weight)
         assert loaded(ids).logits.isfinite().all()
 
 

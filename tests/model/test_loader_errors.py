@@ -149,8 +149,8 @@ ROWS = [
      r"model_type='llama' is not supported", lambda p: edit_config(p, model_type="llama")),
     ("no-config", "the folder has no config.json", MissingShardError, r"no config\.json",
      lambda p: (p / "config.json").unlink()),
-    ("config-not-object", "config.json holds a list, not an object", ConfigError, r"config\.json: expected a JSON object",
-     lambda p: (p / "config.json").write_text("[1, 2]")),
+    ("config-not-object", "config.json holds a list, not an object", ConfigError,
+     r"config\.json: expected a JSON object", lambda p: (p / "config.json").write_text("[1, 2]")),
     ("config-invalid-json", "config.json is not JSON", CheckpointError, r"config\.json: invalid JSON",
      lambda p: (p / "config.json").write_text("{oops")),
     ("string-int", '`hidden_size: "64"`', ConfigError, r"hidden_size='64': expected int",
@@ -197,12 +197,12 @@ ROWS = [
      r"'\.\./elsewhere\.safetensors', which is outside the checkpoint folder", lambda p: move_shard_out(p, "..")),
     ("index-absolute", "index entry with an absolute path", CheckpointPathError, r"outside the checkpoint folder",
      lambda p: move_shard_out(p, "/")),
-    ("index-symlink", "shard that is a symlink out of the folder", CheckpointPathError, r"outside the checkpoint folder",
-     symlink_out),
+    ("index-symlink", "shard that is a symlink out of the folder", CheckpointPathError,
+     r"outside the checkpoint folder", symlink_out),
     ("missing-shard", "shard listed in the index is absent", MissingShardError, r"shard listed in .* is missing",
      lambda p: shard_of(p).unlink()),
-    ("truncated", "truncated safetensors file", CorruptShardError, r"model-\d+-of-\d+\.safetensors: tensor .* truncated",
-     truncate),
+    ("truncated", "truncated safetensors file", CorruptShardError,
+     r"model-\d+-of-\d+\.safetensors: tensor .* truncated", truncate),
     ("int-tensor", "an int64 tensor", TensorDTypeError, rf"tensor '{re.escape(VICTIM)}' .* has dtype I64",
      lambda p: edit_tensors(p, lambda t: t.update({VICTIM: t[VICTIM].long()}))),
     ("uint8-tensor", "a uint8 tensor", TensorDTypeError, r"has dtype U8: checkpoint weights must be floating point",
@@ -272,7 +272,8 @@ def test_trainer_state_is_not_unpickled_arbitrarily(tmp_path):
     with pytest.raises(TrainCheckpointError, match="trainer_state.pt: not a trainer state openglm can read safely"):
         load_trainer_state(tmp_path)
     assert not (tmp_path / "pwned").exists()
-    torch.save({"step": 3, "rng": {"torch": torch.get_rng_state()}, "optimizer": {"lr": 0.1}}, tmp_path / "trainer_state.pt")
+    torch.save({"step": 3, "rng": {"torch": torch.get_rng_state()}, "optimizer": {"lr": 0.1}},
+               tmp_path / "trainer_state.pt")
     assert load_trainer_state(tmp_path)["step"] == 3
 
 

@@ -14,7 +14,8 @@ from openglm.model.rope import RotaryEmbedding, apply_rope
 def rotate_pairs(x, angles, scale):
     """Reference: (x[2i], x[2i+1]) -> scale * (x0 cos - x1 sin, x1 cos + x0 sin), in fp64."""
     x, c, s = x.double(), angles.double().cos() * scale, angles.double().sin() * scale
-    c, s = c.view(c.shape[:2] + (1,) * (x.dim() - 3) + c.shape[2:]), s.view(s.shape[:2] + (1,) * (x.dim() - 3) + s.shape[2:])
+    c = c.view(c.shape[:2] + (1,) * (x.dim() - 3) + c.shape[2:])
+    s = s.view(s.shape[:2] + (1,) * (x.dim() - 3) + s.shape[2:])
     x0, x1 = x[..., 0::2], x[..., 1::2]
     return torch.stack([x0 * c - x1 * s, x1 * c + x0 * s], -1).flatten(-2)
 

@@ -179,7 +179,8 @@ def test_dsa_gather_matches_dense_mask_reference(chunk_budget):
 def test_dsa_prefill_then_decode_equals_full_forward():
     q, k, v = qkv(b=2, h=4, hkv=2, t=30, seed=8)
     g = torch.Generator().manual_seed(9)
-    iq, ik, w = torch.randn(2, 30, 3, 8, generator=g) + 1.0, torch.randn(2, 30, 8, generator=g) + 1.0, torch.rand(2, 30, 3, generator=g)
+    iq, ik, w = (torch.randn(2, 30, 3, 8, generator=g) + 1.0, torch.randn(2, 30, 8, generator=g) + 1.0,
+                 torch.rand(2, 30, 3, generator=g))
     mask = padded_batch([30, 24], 30, left=[False, True])
 
     def run(a, e):
@@ -279,7 +280,8 @@ def test_topk_prefilter_breaks_ties_at_the_kth_score_like_plain_topk():
 
 def test_indexer_without_padding_equals_the_general_mask_path():
     g = torch.Generator().manual_seed(18)
-    iq, ik, w = torch.randn(2, 300, 2, 8, generator=g), torch.randn(2, 400, 8, generator=g), torch.rand(2, 300, 2, generator=g)
+    iq, ik, w = (torch.randn(2, 300, 2, 8, generator=g), torch.randn(2, 400, 8, generator=g),
+                 torch.rand(2, 300, 2, generator=g))
     plain = indexer_topk(iq, ik, w, 32, budget_bytes=1 << 16)  # causal triangle only, prefiltered rows
     general = indexer_topk(iq, ik, w, 32, key_mask=torch.ones(2, 400, dtype=torch.bool), budget_bytes=1 << 16)
     assert torch.equal(plain, general)
@@ -289,7 +291,8 @@ def test_indexer_without_padding_equals_the_general_mask_path():
 def test_dsa_bf16_values_stay_close_to_fp32():
     q, k, v = qkv(b=1, h=4, hkv=1, t=48, dk=8, dv=8, seed=15)
     g = torch.Generator().manual_seed(16)
-    iq, ik, w = torch.randn(1, 48, 2, 8, generator=g), torch.randn(1, 48, 8, generator=g), torch.rand(1, 48, 2, generator=g)
+    iq, ik, w = (torch.randn(1, 48, 2, 8, generator=g), torch.randn(1, 48, 8, generator=g),
+                 torch.rand(1, 48, 2, generator=g))
     exact = dsa_attention(q, k, v, iq, ik, w, 12)
     fast = dsa_attention(q, k, v, iq, ik, w, 12, value_dtype=torch.bfloat16)
     assert not torch.equal(fast, exact)  # the option does change the arithmetic

@@ -153,8 +153,12 @@ def test_native_dsa_attention_equals_torch_ops_over_many_blocks(monkeypatch):
     b, h, t = 1, 2, 700
     q, k, v = (torch.randn(b, h, t, 64, generator=g) for _ in range(3))
     iq, ik, w = indexer_inputs(b=1, tq=t, tk=t, seed=5)
-    iq, ik = iq + 1.0, ik + 1.0  # rarely all heads cut by the relu: no exact ties at 0, which each path breaks its own way
-    run = lambda: dsa_attention(q, k, v, iq, ik, w, 96, budget_bytes=1 << 17)  # several blocks and chunks
+    # rarely all heads cut by the relu: no exact ties at 0, which each path breaks its own way
+    iq, ik = iq + 1.0, ik + 1.0
+
+    def run():
+        return dsa_attention(q, k, v, iq, ik, w, 96, budget_bytes=1 << 17)  # several blocks and chunks
+
     fast, ops = both_paths(monkeypatch, run)
     torch.testing.assert_close(fast, ops, **TOL)
 

@@ -119,7 +119,8 @@ class ScriptedModel(torch.nn.Module):
         out = self.inner(input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache)
         logits = out.logits.clone()
         for row in range(input_ids.shape[0]):
-            n = int(attention_mask[row].sum()) - int(attention_mask[row, : attention_mask.shape[1] - input_ids.shape[1]].sum())
+            past = attention_mask.shape[1] - input_ids.shape[1]
+            n = int(attention_mask[row].sum()) - int(attention_mask[row, :past].sum())
             last, pos = int(input_ids[row, n - 1]), int(position_ids[row, n - 1])
             if last in self.start_tokens and n > 1:  # a prefill ending with the generation prompt
                 self.start = pos

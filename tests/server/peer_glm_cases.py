@@ -42,7 +42,7 @@ mis-split reasoning/content, which have no model output to restate).
 import json
 
 # ---- tools ---------------------------------------------------------------------------------------------
-S, N, I, B, A, O = ({"type": t} for t in ("string", "number", "integer", "boolean", "array", "object"))
+STR, NUM, INT, BOOL, ARR, OBJ = ({"type": t} for t in ("string", "number", "integer", "boolean", "array", "object"))
 
 
 def tool(name: str, required=(), **props) -> dict:
@@ -52,12 +52,12 @@ def tool(name: str, required=(), **props) -> dict:
     return {"type": "function", "function": {"name": name, "parameters": params}}
 
 
-WEATHER = tool("get_weather", city=S)  # vLLM glm45 fixture
-WEATHER2 = tool("get_weather", city=S, date=S)  # vLLM glm47 fixture
+WEATHER = tool("get_weather", city=STR)  # vLLM glm45 fixture
+WEATHER2 = tool("get_weather", city=STR, date=STR)  # vLLM glm47 fixture
 DATE = {"type": "function", "function": {"name": "get_current_date", "parameters": {}}}
 CURRENT = tool("get_current_weather")  # called in vLLM cases whose fixture does not list it
-CALC = tool("calculate", operation=S, a=N, b=N)
-SG_WEATHER = tool("get_weather", ("city", "date"), city=S, date=S)  # SGLang fixture
+CALC = tool("calculate", operation=STR, a=NUM, b=NUM)
+SG_WEATHER = tool("get_weather", ("city", "date"), city=STR, date=STR)  # SGLang fixture
 
 
 def call(name, pairs, sep="") -> str:
@@ -167,7 +167,7 @@ CASES = [
                 '</arg_value></tool_call>',
          expect=dict(calls=[("send_message", {"message": 'Hello "world"\nNew line'})])),
     dict(id="glm45/long-value-streams", source="vllm-glm45-tool", thinking="off",
-         tools=[tool("write_to_file", file_path=S, content=S)],
+         tools=[tool("write_to_file", file_path=STR, content=STR)],
          output="<tool_call>write_to_file\n<arg_key>file_path</arg_key><arg_value>/tmp/bubble_sort.py</arg_value>"
                 "<arg_key>content</arg_key><arg_value>" + BUBBLE + "</arg_value></tool_call>",
          chunks=["<tool_call>", "write_to_file\n", "<arg_key>file_path</arg_key>",
@@ -180,7 +180,7 @@ CASES = [
          output=call("calculate", [("operation", "add"), ("a", "42"), ("b", "3.14"), ("enabled", "true")], "\n"),
          expect=dict(calls=[("calculate", {"operation": "add", "a": 42, "b": 3.14, "enabled": True})])),
     dict(id="glm45/string-keeps-whitespace", source="vllm-glm45-tool", thinking="off",
-         tools=[tool("apply_diff", ("s",), s=S)],
+         tools=[tool("apply_diff", ("s",), s=STR)],
          output="<tool_call>apply_diff\n<arg_key>s</arg_key>\n<arg_value>    indented code    </arg_value>\n"
                 "</tool_call>",
          expect=dict(calls=[("apply_diff", {"s": "    indented code    "})])),
@@ -214,17 +214,17 @@ CASES = [
          output="I will check the weather for you.\n" + BEIJING_FLAT.replace("get_weather", "get_weather\n"),
          expect=dict(content_contains=["I will check the weather"], calls=[("get_weather", {"city": "Beijing"})])),
     dict(id="glm45/responses-tool-shape", source="vllm-glm45-tool", thinking="off",
-         tools=[tool("get_weather", city=S, unit=S), CALC],
+         tools=[tool("get_weather", city=STR, unit=STR), CALC],
          output=call("get_weather", [("city", "Dallas"), ("unit", "fahrenheit")], "\n"),
          expect=dict(calls=[("get_weather", {"city": "Dallas", "unit": "fahrenheit"})])),
     dict(id="glm45/responses-tool-numbers", source="vllm-glm45-tool", thinking="off",
-         tools=[tool("get_weather", city=S, unit=S), CALC],
+         tools=[tool("get_weather", city=STR, unit=STR), CALC],
          output=call("calculate", [("operation", "add"), ("a", "42"), ("b", "3.14")], "\n"),
          expect=dict(calls=[("calculate", {"operation": "add", "a": 42, "b": 3.14})])),
     dict(id="glm45/no-newline-after-name", source="vllm-glm45-tool", thinking="off", tools=[WEATHER],
          output=call("get_weather", [("city", "Seattle")]), expect=dict(calls=[("get_weather", {"city": "Seattle"})])),
     dict(id="glm45/optional-string-stays-string", source="vllm-glm45-tool", thinking="off",
-         tools=[tool("configure", api_key={"anyOf": [S, {"type": "null"}]})],
+         tools=[tool("configure", api_key={"anyOf": [STR, {"type": "null"}]})],
          output=call("configure", [("api_key", "sk-12345678")]),
          chunks=["<tool_call>configure<arg_key>api_key</arg_key><arg_value>sk-", "12345678",
                  "</arg_value></tool_call>"],
@@ -232,12 +232,12 @@ CASES = [
     dict(id="glm45/string-or-null-list-type", source="vllm-glm45-tool", thinking="off",
          tools=[tool("log", message={"type": ["string", "null"]})],
          output=call("log", [("message", "test message")]), expect=dict(calls=[("log", {"message": "test message"})])),
-    dict(id="glm45/boolean-true", source="vllm-glm45-tool", thinking="off", tools=[tool("configure", enabled=B)],
+    dict(id="glm45/boolean-true", source="vllm-glm45-tool", thinking="off", tools=[tool("configure", enabled=BOOL)],
          output=call("configure", [("enabled", "true")]),
          chunks=["<tool_call>configure<arg_key>enabled</arg_key><arg_value>true</arg_value>", "</tool_call>"],
          expect=dict(calls=[("configure", {"enabled": True})])),
     dict(id="glm45/python-true-is-boolean", source="vllm-glm45-tool", thinking="off",
-         tools=[tool("test", value=B)], output=call("test", [("value", "True")]),
+         tools=[tool("test", value=BOOL)], output=call("test", [("value", "True")]),
          expect=dict(calls=[("test", {"value": True})])),
     dict(id="unlisted-glm45/call-to-unlisted-tool", source="vllm-glm45-tool", thinking="off", tools=[WEATHER],
          output=DALLAS, expect=dict(content=None, calls=[("get_current_weather", W_DALLAS)]),
@@ -337,36 +337,36 @@ CASES = [
          expect=dict(reasoning=None, content=None)),
     # ---- vLLM GLM reasoning parser: a call after </think> is content (then a call) ------------------
     dict(id="glm-r/call-after-think-is-content", source="vllm-glm-reasoning", thinking="open",
-         tools=[tool("bash", command=S)], output="<think>some reasoning</think><tool_call>\nbash\n",
+         tools=[tool("bash", command=STR)], output="<think>some reasoning</think><tool_call>\nbash\n",
          expect=dict(reasoning="some reasoning", content="<tool_call>\nbash\n", calls=[])),
     dict(id="glm-r/whole-call-after-think", source="vllm-glm-reasoning", thinking="open",
-         tools=[tool("bash", command=S)],
+         tools=[tool("bash", command=STR)],
          output="<think>reasoning</think><tool_call>\nbash\n<arg_key>command</arg_key><arg_value>pwd</arg_value>\n"
                 "</tool_call>",
          chunks=["<think>reasoning</think><tool_call>\nbash\n",
                  "<arg_key>command</arg_key><arg_value>pwd</arg_value>\n</tool_call>"],
          expect=dict(reasoning="reasoning", content=None, calls=[("bash", {"command": "pwd"})])),
     dict(id="glm-r/inside-think-stays-reasoning", source="vllm-glm-reasoning", thinking="open",
-         tools=[tool("bash", command=S)], output="<think>somestill reasoning here",
+         tools=[tool("bash", command=STR)], output="<think>somestill reasoning here",
          expect=dict(reasoning="somestill reasoning here", content=None)),
-    dict(id="glm-r/text-after-think", source="vllm-glm-reasoning", thinking="open", tools=[tool("bash", command=S)],
+    dict(id="glm-r/text-after-think", source="vllm-glm-reasoning", thinking="open", tools=[tool("bash", command=STR)],
          output="<think>reasoning</think>plain text after think",
          expect=dict(reasoning="reasoning", content="plain text after think")),
     # ---- vLLM test_glm45_fix: calls written inside the reasoning -------------------------------------
-    dict(id="glm45-fix/no-call", source="vllm-glm45-fix", thinking="open", tools=[tool("bash", command=S)],
+    dict(id="glm45-fix/no-call", source="vllm-glm45-fix", thinking="open", tools=[tool("bash", command=STR)],
          output="This is just reasoning about the task.",
          expect=dict(reasoning="This is just reasoning about the task.", content=None, calls=[])),
-    dict(id="glm45-fix/call-in-reasoning", source="vllm-glm45-fix", thinking="open", tools=[tool("bash", command=S)],
+    dict(id="glm45-fix/call-in-reasoning", source="vllm-glm45-fix", thinking="open", tools=[tool("bash", command=STR)],
          output="I should list the files.\n" + call("bash", [("command", "ls /")]),
          expect=dict(reasoning="I should list the files.", calls=[("bash", {"command": "ls /"})])),
     dict(id="glm45-fix/call-in-reasoning-then-content", source="vllm-glm45-fix", thinking="open",
-         tools=[tool("bash", command=S)],
+         tools=[tool("bash", command=STR)],
          output="Let me run this.\n" + call("bash", [("command", "pwd")]) + "</think>Some trailing content after "
                 "</think>.",
          expect=dict(reasoning="Let me run this.", content="Some trailing content after </think>.",
                      calls=[("bash", {"command": "pwd"})])),
     dict(id="glm45-fix/two-calls-in-reasoning", source="vllm-glm45-fix", thinking="open",
-         tools=[tool("bash", command=S)],
+         tools=[tool("bash", command=STR)],
          output="Step 1.\n" + call("bash", [("command", "ls")]) + "\nStep 2.\n" + call("bash", [("command", "pwd")]),
          expect=dict(reasoning="Step 1.\n\nStep 2.", calls=[("bash", {"command": "ls"}), ("bash", {"command": "pwd"})]),
          differs="vLLM lifts the calls out of the reasoning and leaves the prose around them reasoning; in openglm "
@@ -375,17 +375,17 @@ CASES = [
          openglm=dict(reasoning="Step 1.", content="Step 2.",
                       calls=[("bash", {"command": "ls"}), ("bash", {"command": "pwd"})])),
     dict(id="glm45-fix/unclosed-call-in-reasoning", source="vllm-glm45-fix", thinking="open",
-         tools=[tool("bash", command=S)], output="I will run:\n<tool_call>bash<arg_key>command</arg_key>",
+         tools=[tool("bash", command=STR)], output="I will run:\n<tool_call>bash<arg_key>command</arg_key>",
          expect=dict(reasoning="I will run:", content="<tool_call>bash<arg_key>command</arg_key>"),
          differs="vLLM moves an unclosed call out of the reasoning into content; in openglm a call is a call from "
                  "its listed name on (streamed as one, never taken back), so the turn ends in a call that keeps "
                  "the arguments that arrived (none: the key has no value)",
          openglm=dict(reasoning="I will run:", content=None, calls=[("bash", {})])),
     dict(id="glm45-fix/reasoning-is-only-a-call", source="vllm-glm45-fix", thinking="open",
-         tools=[tool("bash", command=S)], output=call("bash", [("command", "echo hi")]),
+         tools=[tool("bash", command=STR)], output=call("bash", [("command", "echo hi")]),
          expect=dict(reasoning=None, calls=[("bash", {"command": "echo hi"})])),
     dict(id="glm45-fix/body-without-open-tag", source="vllm-glm45-fix", thinking="open",
-         tools=[tool("bash", command=S)],
+         tools=[tool("bash", command=STR)],
          output='bash<arg_key>command</arg_key><arg_value>grep -n "def distance" /testbed/sympy/geometry/point.py'
                 '</arg_value></tool_call>',
          expect=dict(reasoning=None, calls=[("bash", {"command": 'grep -n "def distance" '
@@ -395,13 +395,13 @@ CASES = [
          openglm=dict(reasoning='bash<arg_key>command</arg_key><arg_value>grep -n "def distance" '
                                 '/testbed/sympy/geometry/point.py</arg_value></tool_call>', calls=[])),
     dict(id="glm45-fix/prose-then-body-untouched", source="vllm-glm45-fix", thinking="open",
-         tools=[tool("bash", command=S)],
+         tools=[tool("bash", command=STR)],
          output="Let me think about this carefully.\nbash<arg_key>command</arg_key><arg_value>ls</arg_value>"
                 "</tool_call>",
          expect=dict(reasoning="Let me think about this carefully.\nbash<arg_key>command</arg_key><arg_value>ls"
                                "</arg_value></tool_call>", content=None, calls=[])),
     dict(id="glm45-fix/truncated-body-untouched", source="vllm-glm45-fix", thinking="open",
-         tools=[tool("bash", command=S)], output="bash<arg_key>command</arg_key><arg_value>grep -n def",
+         tools=[tool("bash", command=STR)], output="bash<arg_key>command</arg_key><arg_value>grep -n def",
          expect=dict(reasoning="bash<arg_key>command</arg_key><arg_value>grep -n def", content=None, calls=[])),
     # ---- SGLang GLM-4.7 detector --------------------------------------------------------------------
     dict(id="sglang/single", source="sglang-glm47", thinking="off", tools=[SG_WEATHER],
@@ -435,7 +435,7 @@ CASES = [
          expect=dict(calls=[("todo_write", {"todos": [{"id": "1", "task": "Print \\n to see newline",
                                                        "status": "pending"}]})])),
     dict(id="sglang/split-name-and-values", source="sglang-glm47", thinking="off",
-         tools=[tool("create_task", title=S, location=S)],
+         tools=[tool("create_task", title=STR, location=STR)],
          output="I'll create a task.<tool_call>create_task<arg_key>title</arg_key><arg_value>Go to Beijing"
                 "</arg_value><arg_key>location</arg_key><arg_value>San Francisco</arg_value></tool_call>",
          chunks=["I'll create a task.", "<tool_call>create_ta", "sk<arg_key>title</arg_key><arg_value>Go to Bei",
@@ -443,12 +443,12 @@ CASES = [
          expect=dict(content="I'll create a task.", calls=[("create_task", {"title": "Go to Beijing",
                                                                            "location": "San Francisco"})])),
     dict(id="sglang/no-arg-then-call", source="sglang-glm47", thinking="off",
-         tools=[tool("list_files"), tool("get_weather", city=S)],
+         tools=[tool("list_files"), tool("get_weather", city=STR)],
          output="<tool_call>list_files</tool_call>" + BEIJING_FLAT,
          chunks=["<tool_call>list_files</tool_call>", BEIJING_FLAT],
          expect=dict(calls=[("list_files", {}), ("get_weather", {"city": "Beijing"})])),
     dict(id="sglang/numbers-and-array", source="sglang-glm47", thinking="off",
-         tools=[tool("create_todos", priority=N, count=I, items=A)],
+         tools=[tool("create_todos", priority=NUM, count=INT, items=ARR)],
          output='<tool_call>create_todos<arg_key>priority</arg_key><arg_value>5.5</arg_value><arg_key>count</arg_key>'
                 '<arg_value>10</arg_value><arg_key>items</arg_key><arg_value>[{"description": "TestTodo 1"}, '
                 '{"description": "TestTodo 2"}]</arg_value></tool_call>',
@@ -472,47 +472,48 @@ CASES = [
                  "<arg_key>date</arg_key><arg_value>2024-06-28</arg_value>", "</tool_call>"],
          expect=dict(calls=[("get_weather", {"city": "Beijing", "date": "2024-06-27"}),
                             ("get_weather", {"city": "Shanghai", "date": "2024-06-28"})])),
-    *[dict(id=f"sglang/text-before-call-{i}", source="sglang-glm47", thinking="off", tools=[tool("list_dir", path=S)],
+    *[dict(id=f"sglang/text-before-call-{i}", source="sglang-glm47", thinking="off", tools=[tool("list_dir", path=STR)],
            output=text + "<tool_call>list_dir", expect=dict(streamed_content=text))
       for i, text in enumerate(["Sure, let me help.", "结构：", "问题。", "Complete!", "说明；"])],
     dict(id="sglang/empty-string-value", source="sglang-glm47", thinking="off",
-         tools=[tool("create_note", title=S, content=S)],
+         tools=[tool("create_note", title=STR, content=STR)],
          output=call("create_note", [("title", "Test"), ("content", "")]),
          expect=dict(calls=[("create_note", {"title": "Test", "content": ""})])),
-    dict(id="sglang/value-one-char-per-chunk", source="sglang-glm47", thinking="off", tools=[tool("search", query=S)],
+    dict(id="sglang/value-one-char-per-chunk", source="sglang-glm47", thinking="off", tools=[tool("search", query=STR)],
          output=call("search", [("query", "New York")]),
          chunks=["<tool_call>search<arg_key>query</arg_key><arg_value>N", "e", "w ", "Y", "o",
                  "rk</arg_value></tool_call>"],
          expect=dict(calls=[("search", {"query": "New York"})])),
     dict(id="sglang/quotes-in-command", source="sglang-glm47", thinking="off",
-         tools=[tool("execute_command", command=S)],
+         tools=[tool("execute_command", command=STR)],
          output=call("execute_command", [("command", "echo 'Hello World'")]),
          expect=dict(calls=[("execute_command", {"command": "echo 'Hello World'"})])),
     dict(id="sglang/ampersand-in-command", source="sglang-glm47", thinking="off",
-         tools=[tool("execute_command", command=S)],
+         tools=[tool("execute_command", command=STR)],
          output=call("execute_command", [("command", "echo Hello & World")]),
          expect=dict(calls=[("execute_command", {"command": "echo Hello & World"})])),
     dict(id="sglang/deeply-nested-object", source="sglang-glm47", thinking="off",
-         tools=[tool("process_data", data=O)],
+         tools=[tool("process_data", data=OBJ)],
          output=call("process_data", [("data", '{"level1": {"level2": {"level3": {"level4": {"value": "deep"}}}}}')]),
          expect=dict(calls=[("process_data", {"data": {"level1": {"level2": {"level3": {"level4": {
              "value": "deep"}}}}}})])),
     dict(id="sglang/empty-object-and-array", source="sglang-glm47", thinking="off",
-         tools=[tool("create_structure", empty_obj=O, empty_arr=A)],
+         tools=[tool("create_structure", empty_obj=OBJ, empty_arr=ARR)],
          output=call("create_structure", [("empty_obj", "{}"), ("empty_arr", "[]")]),
          expect=dict(calls=[("create_structure", {"empty_obj": {}, "empty_arr": []})])),
     dict(id="sglang/three-args-one-chunk", source="sglang-glm47", thinking="off",
-         tools=[tool("multi_param", a=S, b=S, c=S)], output=call("multi_param", [("a", "1"), ("b", "2"), ("c", "3")]),
+         tools=[tool("multi_param", a=STR, b=STR, c=STR)],
+         output=call("multi_param", [("a", "1"), ("b", "2"), ("c", "3")]),
          expect=dict(calls=[("multi_param", {"a": "1", "b": "2", "c": "3"})])),
     dict(id="sglang/text-around-call", source="sglang-glm47", thinking="off", tools=[tool("action")],
          output="First I'll do this.<tool_call>action</tool_call>Then I'll do that.",
          expect=dict(content_contains=["First I'll do this.", "Then I'll do that."], calls=[("action", {})])),
-    dict(id="sglang/number-edges", source="sglang-glm47", thinking="off", tools=[tool("calculate", zero=N, negative=N,
-                                                                                        large=N)],
+    dict(id="sglang/number-edges", source="sglang-glm47", thinking="off",
+         tools=[tool("calculate", zero=NUM, negative=NUM, large=NUM)],
          output=call("calculate", [("zero", "0"), ("negative", "-42.5"), ("large", "1e10")]),
          expect=dict(calls=[("calculate", {"zero": 0, "negative": -42.5, "large": 1e10})])),
     dict(id="sglang/numeric-looking-strings", source="sglang-glm47", thinking="off",
-         tools=[tool("store_data", id=S, code=S)], output=call("store_data", [("id", "12345"), ("code", "67.89")]),
+         tools=[tool("store_data", id=STR, code=STR)], output=call("store_data", [("id", "12345"), ("code", "67.89")]),
          expect=dict(calls=[("store_data", {"id": "12345", "code": "67.89"})])),
     dict(id="sglang/undefined-tool", source="sglang-glm47", thinking="off", tools=[SG_WEATHER],
          output=call("nonexistent_function", [("param", "value")]), expect=dict(calls=[])),

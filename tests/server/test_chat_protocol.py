@@ -121,7 +121,8 @@ def test_json_schema_output_validates(served):
     for seed in range(2):
         out = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "a person as JSON"}], max_tokens=120, seed=seed,
-            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}},
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "person", "schema": schema, "strict": True}},
             extra_body=NO_THINK)
         assert out.choices[0].finish_reason == "stop"
         jsonschema.validate(json.loads(out.choices[0].message.content), schema)
@@ -273,5 +274,6 @@ def test_reasoning_then_answer_whole_and_streamed(scripted):
     assert (out.message.reasoning_content, out.message.content) == ("Paris is in France.", "It is sunny.")
     reply("Paris is in France.</think>It is sunny.")
     chunks = list(client.chat.completions.create(stream=True, **kw))
-    assert "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks) == "Paris is in France."
+    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks)
+    assert reasoning == "Paris is in France."
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "It is sunny."

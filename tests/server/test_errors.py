@@ -23,7 +23,8 @@ def check_error(resp, status, param=None):
 
 
 def test_malformed_json(http):
-    resp = http.post(CHAT, content=b'{"model": "tiny-test", "messages": [', headers={"Content-Type": "application/json"})
+    resp = http.post(CHAT, content=b'{"model": "tiny-test", "messages": [',
+                     headers={"Content-Type": "application/json"})
     err = check_error(resp, 400, "body")
     assert err["type"] == "invalid_request_error" and "JSON" in err["message"]
     check_error(http.post(CHAT, content=b"[1, 2]", headers={"Content-Type": "application/json"}), 400)

@@ -138,7 +138,8 @@ def test_huge_body_is_413_and_health_stays_fast(start_server):
     if isinstance(resp, httpx.Response):
         assert error_of(resp, 413)["code"] == "request_too_large"
 
-    assert chunked_upload_status(url, chunks=40, chunk_bytes=64 << 10) == 413  # no Content-Length: counted as it arrives
+    # no Content-Length: counted as it arrives
+    assert chunked_upload_status(url, chunks=40, chunk_bytes=64 << 10) == 413
 
 
 def chunked_upload_status(url: str, chunks: int, chunk_bytes: int) -> int:

@@ -23,7 +23,8 @@ UNITTEST_SUITE = textwrap.dedent("""
 
 
 def _repo(tmp_path, body=UNITTEST_SUITE, bug=True):
-    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a - b\n" if bug else "def add(a, b):\n    return a + b\n")
+    (tmp_path / "calc.py").write_text("def add(a, b):\n    return a - b\n" if bug
+                                      else "def add(a, b):\n    return a + b\n")
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "__init__.py").write_text("")
     (tmp_path / "tests" / "test_calc.py").write_text(body)
@@ -40,7 +41,8 @@ def test_unittest_repo_runs_under_unittest_with_node_ids(tmp_path):
 
 
 def test_pytest_repo_is_detected(tmp_path):
-    repo = _repo(tmp_path, "import pytest\nfrom calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n", bug=False)
+    repo = _repo(tmp_path, "import pytest\nfrom calc import add\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+                 bug=False)
     assert repo_runner(repo) == "pytest"
     assert run_tests(repo, []).passed == ["tests/test_calc.py::test_add"]
 

@@ -69,11 +69,13 @@ For each function call, output the function name and arguments within the follow
 {%- if m.role == 'system' -%}<|system|>{{ visible_text(m.content) }}
 {%- elif m.role == 'user' -%}<|user|>{{ visible_text(m.content) }}
 {%- elif m.role == 'assistant' -%}<|assistant|>
-{{- ('<think>' ~ m.reasoning_content ~ '</think>') if (m.reasoning_content and (loop.index0 > last.user or clear_thinking is false)) else '</think>' -}}
+{{- ('<think>' ~ m.reasoning_content ~ '</think>') \
+if (m.reasoning_content and (loop.index0 > last.user or clear_thinking is false)) else '</think>' -}}
 {{- visible_text(m.content) -}}
 {%- if m.tool_calls -%}{%- for tc in m.tool_calls -%}
 <tool_call>{{ tc.function.name }}
-{%- for k, v in tc.function.arguments.items() -%}<arg_key>{{ k }}</arg_key><arg_value>{{ v if v is string else v | tojson }}</arg_value>{%- endfor -%}
+{%- for k, v in tc.function.arguments.items() -%}\
+<arg_key>{{ k }}</arg_key><arg_value>{{ v if v is string else v | tojson }}</arg_value>{%- endfor -%}
 </tool_call>
 {%- endfor -%}{%- endif -%}
 {%- elif m.role == 'tool' -%}

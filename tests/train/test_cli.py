@@ -5,9 +5,10 @@ from openglm.cli import main
 
 def test_train_then_generate_from_the_command_line(corpus_dir, tokenizer_dir, tmp_path, capsys):
     out = tmp_path / "cli-run"
-    args = ["train", "--preset", "tiny", "--data", str(corpus_dir), "--tokenizer", str(tokenizer_dir), "--out", str(out),
-            "--steps", "4", "--seq-len", "32", "--batch-size", "4", "--dtype", "fp32", "--save-every", "4",
-            "--eval-every", "4", "--log-every", "2", "--eval-windows", "4", "--set", "num_hidden_layers=2",
+    args = ["train", "--preset", "tiny", "--data", str(corpus_dir), "--tokenizer", str(tokenizer_dir),
+            "--out", str(out), "--steps", "4", "--seq-len", "32", "--batch-size", "4", "--dtype", "fp32",
+            "--save-every", "4", "--eval-every", "4", "--log-every", "2", "--eval-windows", "4",
+            "--set", "num_hidden_layers=2",
             "--set", 'indexer_types=["full","shared"]', "--no-progress", "--no-plots"]
     assert main(args) == 0
     assert "trained to step 4" in capsys.readouterr().out

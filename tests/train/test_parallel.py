@@ -38,7 +38,10 @@ def assert_same_losses(got: dict, ref: dict, rel: float = 1e-5) -> None:
 def assert_same_export(ckpt: Path, ref_ckpt: Path, atol: float = 1e-4) -> None:
     """Same files, same tensor names and shapes, same values up to fp32 reduction order: AdamW divides by
     sqrt(v), so a gradient summed in another order moves a weight by up to ~lr * 1e-3 (measured: 9e-6)."""
-    names = lambda d: sorted(p.name for p in d.iterdir() if p.is_file() and p.name != "trainer_state.pt")
+
+    def names(d: Path) -> list[str]:
+        return sorted(p.name for p in d.iterdir() if p.is_file() and p.name != "trainer_state.pt")
+
     assert names(ckpt) == names(ref_ckpt)
     assert json.loads((ckpt / "config.json").read_text()) == json.loads((ref_ckpt / "config.json").read_text())
     got, ref = load_file(ckpt / "model.safetensors"), load_file(ref_ckpt / "model.safetensors")

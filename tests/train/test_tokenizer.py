@@ -31,7 +31,8 @@ def test_roundtrip_and_special_tokens(tokenizer_dir):
 def test_chat_template_renders_glm_roles(tokenizer_dir):
     tok = Tokenizer.from_checkpoint(tokenizer_dir)
     text = tok.apply_chat_template(MESSAGES, add_generation_prompt=True)
-    assert text == "[gMASK]<sop><|system|>Be brief.<|user|>Hi?<|assistant|></think>Hello.<|user|>Sum 2+2<|assistant|><think>"
+    assert text == ("[gMASK]<sop><|system|>Be brief.<|user|>Hi?<|assistant|></think>Hello."
+                    "<|user|>Sum 2+2<|assistant|><think>")
     ids = tok.apply_chat_template(MESSAGES, tokenize=True)
     assert ids[:2] == tok.bos_ids and ids[-2:] == [tok.token_id("<|assistant|>"), tok.marker_id("<think>")]
     with pytest.raises(TokenizerError, match="unknown chat role"):

@@ -90,7 +90,8 @@ class FaultServer:
                 if fault in ("500", "429"):
                     body, code = b'{"error": "injected"}', int(fault)
                 else:
-                    message = server.reply if isinstance(server.reply, dict) else {"role": "assistant", "content": server.reply}
+                    message = (server.reply if isinstance(server.reply, dict)
+                               else {"role": "assistant", "content": server.reply})
                     body, code = json.dumps({"choices": [{"message": message}],
                                              "usage": {"prompt_tokens": 10, "completion_tokens": 5},
                                              "data": []}).encode(), 200
