@@ -99,3 +99,23 @@ def openglm_serve(checkpoint, *args: str, env: dict | None = None):
                 proc.kill()
 
     return run()
+
+
+def kernels_at_every_dispatch(monkeypatch) -> dict:
+    """Counts the calls of the model's CUDA dispatch points (`openglm.model.gpu`). Without CUDA they take CPU
+    tensors to the Triton kernels too (run by Triton's interpreter) and the C decode step is off. Returns the
+    calls per dispatch function, filled as the test runs."""
+    import torch
+
+    from openglm.model import gpu
+
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(gpu, "kernel_device", lambda t: True)
+        monkeypatch.setattr("openglm.model.glm5.decode_step.DecodePlan.create", lambda *a, **k: None)
+    calls = {}
+    for name in ("experts_forward", "dsa_attention", "gather_attention"):
+        def counted(*args, _fn=getattr(gpu, name), _name=name, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _fn(*args, **kwargs)
+        monkeypatch.setattr(gpu, name, counted)
+    return calls

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from testutil import kernels_at_every_dispatch
 
 from openglm.engine import LLM, EngineConfig, SamplingParams
 from openglm.engine.config import resolve_device
@@ -72,16 +73,7 @@ def test_engine_with_the_kernels_matches_the_engine_without(tiny_checkpoint, mon
               device=device)  # no prefix cache: the second run prefills everything again
     with gpu.pytorch_ops():
         plain = engine_greedy(llm, prompts, 6)
-    if device == "cpu":
-        monkeypatch.setattr(gpu, "kernel_device", lambda t: True)
-        # the C decode step
-        monkeypatch.setattr("openglm.model.glm5.decode_step.DecodePlan.create", lambda *a, **k: None)
-    calls = {}
-    for name in ("experts_forward", "dsa_attention", "gather_attention"):
-        def counted(*args, _fn=getattr(gpu, name), _name=name, **kwargs):
-            calls[_name] = calls.get(_name, 0) + 1
-            return _fn(*args, **kwargs)
-        monkeypatch.setattr(gpu, name, counted)
+    calls = kernels_at_every_dispatch(monkeypatch)
     # 16 tokens a step: the 20-token prompt is prefilled in two chunks, the second beside the others' decodes
     assert engine_greedy(llm, prompts, 6) == plain
     assert set(calls) == {"experts_forward", "dsa_attention", "gather_attention"}

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from testutil import kernels_at_every_dispatch
 
 from openglm.engine.quant import quantize_model
 from openglm.model import DynamicCache, GlmMoeDsaForCausalLM, ModelConfig, gpu
@@ -123,17 +124,7 @@ def test_dsa_dispatch_with_autograd_attends_through_the_pytorch_gather():
 def kernels_on_cpu(monkeypatch):
     """Without CUDA, the dispatch points take CPU tensors to the kernels (in Triton's interpreter), as they take
     CUDA ones; returns the number of calls each dispatch function received."""
-    if DEVICE == "cpu":
-        monkeypatch.setattr(gpu, "kernel_device", lambda t: True)
-        # the C decode step
-        monkeypatch.setattr("openglm.model.glm5.decode_step.DecodePlan.create", lambda *a, **k: None)
-    calls = {}
-    for name in ("experts_forward", "dsa_attention", "gather_attention"):
-        def counted(*args, _fn=getattr(gpu, name), _name=name, **kwargs):
-            calls[_name] = calls.get(_name, 0) + 1
-            return _fn(*args, **kwargs)
-        monkeypatch.setattr(gpu, name, counted)
-    return calls
+    return kernels_at_every_dispatch(monkeypatch)
 
 
 def generate_logits(model, ids, steps=2):
