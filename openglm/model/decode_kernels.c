@@ -159,12 +159,7 @@ static int rows_times_bf16(const float *x, int64_t n, const uint16_t *w, int64_t
     if (k % 32) return 0;
     uint16_t *parts = malloc(sizeof(uint16_t) * 2 * n * k);
     if (!parts) return 0;
-    int need_lo = 0;
-    for (int64_t i = 0; i < n * k; i++) {
-        const uint16_t hi = round_bf16(x[i]), lo = round_bf16(x[i] - widen_bf16(hi));
-        parts[i] = hi; parts[n * k + i] = lo;
-        need_lo |= lo & 0x7fff;
-    }
+    const int need_lo = split_bf16(x, n * k, parts);
     const __m512i *xh = (const __m512i *)parts, *xl = (const __m512i *)(parts + n * k);
     const int64_t steps = k / 32, virtual_rows = need_lo ? 2 * n : n;  /* the lo parts as rows of their own */
     if (virtual_rows > 1 && 2 * k <= SEQ_ROW_BYTES) {

@@ -126,12 +126,7 @@ static int rows_times_i4_simd(const float *x, int64_t n, const uint8_t *w, const
                               int64_t m, int64_t k, float *y, int64_t ldy) {
     uint16_t *parts = malloc(sizeof(uint16_t) * 2 * n * k + sizeof(float) * (k / 32 + 2 * n * m));
     if (!parts) return 0;
-    int need_lo = 0;
-    for (int64_t i = 0; i < n * k; i++) {
-        const uint16_t hi = round_bf16(x[i]), lo = round_bf16(x[i] - widen_bf16(hi));
-        parts[i] = hi; parts[n * k + i] = lo;
-        need_lo |= lo & 0x7fff;
-    }
+    const int need_lo = split_bf16(x, n * k, parts);
     float *sf = (float *)(parts + 2 * n * k), *ys = sf + k / 32;
     int done;
     if (!need_lo) done = i4_rows_any((const __m512i *)parts, n, w, scale, group, m, k, y, ldy, sf);

@@ -60,6 +60,18 @@ static inline float widen_bf16(uint16_t h) {
     float f; memcpy(&f, &u, sizeof f); return f;
 }
 
+/* x [count] split into bf16 parts, x = hi + lo to 2^-17 relative: hi into parts[0, count), lo into
+   parts[count, 2 count). Returns whether any lo part is nonzero (values that are bf16 already need hi only). */
+static inline int split_bf16(const float *x, int64_t count, uint16_t *parts) {
+    int need_lo = 0;
+    for (int64_t i = 0; i < count; i++) {
+        const uint16_t hi = round_bf16(x[i]), lo = round_bf16(x[i] - widen_bf16(hi));
+        parts[i] = hi; parts[count + i] = lo;
+        need_lo |= lo & 0x7fff;
+    }
+    return need_lo;
+}
+
 static inline float dot(const float *a, const float *b, int64_t n) {
     if (n == 64) {  /* a common head size: two independent accumulators, no loop */
         v16 s0 = load_f32(a) * load_f32(b), s1 = load_f32(a + 16) * load_f32(b + 16);
